@@ -1,0 +1,23 @@
+"""hmt-adapters: long-context memory (HMT, RMT, TRAMS, Elastic Memory, MELODI, UniMem) for any HF causal LM."""
+
+from . import methods  # noqa: F401  (registers every method)
+from .config import MemoryConfig
+from .methods.hmt import HMTConfig
+from .methods.rmt import RMTConfig
+from .model import MemoryModel, wrap_with_memory
+from .outputs import MemoryCausalLMOutput, MemoryState
+from .registry import available_methods, register_method
+from .version import __version__
+
+__all__ = [
+    "HMTConfig",
+    "MemoryCausalLMOutput",
+    "MemoryConfig",
+    "MemoryModel",
+    "MemoryState",
+    "RMTConfig",
+    "__version__",
+    "available_methods",
+    "register_method",
+    "wrap_with_memory",
+]

@@ -1,0 +1,44 @@
+"""One small adapter per backbone family, chosen by `config.model_type`."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import BackboneAdapter, RecurrentAdapter, positions_from_mask, unwrap_causal_lm
+from .gpt2 import GPT2Adapter
+from .llama import LlamaAdapter
+from .mamba import MambaAdapter
+from .opt import OPTAdapter
+from .rwkv import RwkvAdapter
+
+_ADAPTERS: dict[str, type[BackboneAdapter]] = {
+    model_type: cls
+    for cls in (LlamaAdapter, OPTAdapter, GPT2Adapter, MambaAdapter, RwkvAdapter)
+    for model_type in cls.model_types
+}
+
+SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
+
+
+def get_backbone_adapter(model: nn.Module) -> BackboneAdapter:
+    """The adapter for `model` (a `*ForCausalLM`, possibly inside a peft `PeftModel`).
+
+    Unknown decoder families get the generic adapter, which supports input-level memory (RMT, HMT).
+    """
+    causal_lm = unwrap_causal_lm(model)
+    config = getattr(causal_lm, "config", None)
+    if config is None or not hasattr(causal_lm, "get_input_embeddings"):
+        raise TypeError(
+            f"Expected a Hugging Face causal LM (e.g. from AutoModelForCausalLM.from_pretrained), got {type(model).__name__}."
+        )
+    return _ADAPTERS.get(getattr(config, "model_type", ""), BackboneAdapter)(causal_lm)
+
+
+__all__ = [
+    "BackboneAdapter",
+    "RecurrentAdapter",
+    "SUPPORTED_MODEL_TYPES",
+    "get_backbone_adapter",
+    "positions_from_mask",
+    "unwrap_causal_lm",
+]

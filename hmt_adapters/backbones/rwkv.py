@@ -1,0 +1,25 @@
+"""RWKV-4: a recurrent backbone that ignores `attention_mask`, so padded batches are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import RecurrentAdapter
+
+
+class RwkvAdapter(RecurrentAdapter):
+    """Runs without carried RWKV state (HF writes that state in place, which breaks backward)."""
+
+    model_types = ("rwkv",)
+
+    def check_mask(self, mask: torch.Tensor) -> None:
+        if not bool(mask.bool().all()):
+            raise ValueError(
+                "RWKV ignores `attention_mask`, so padded tokens would enter its recurrence; pass batches without "
+                "padding (all-ones `attention_mask`) or use batch size 1."
+            )
+
+    def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
+        return {"use_cache": False}

@@ -1,0 +1,162 @@
+"""`MemoryConfig`: the fields every memory method shares, their validation and the JSON round trip.
+
+Each field declares its constraints in `metadata` (`min`, `max`, `choices`, `nullable`); one validator checks them
+all, so a bad value always raises a `ValueError` that names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+CONFIG_NAME = "memory_config.json"
+
+# Keys `save_pretrained` writes beside the config fields; they describe the checkpoint, not the method.
+METADATA_KEYS = ("hmt_adapters_version", "base_model_name_or_path", "base_model_type", "embed_dim")
+
+
+def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
+    """Raise a `ValueError` naming `name` when `value` breaks the constraints declared in `meta`."""
+    if value is None:
+        if meta.get("nullable", False):
+            return
+        raise ValueError(f"`{name}` must not be None{_allowed(meta, default)}.")
+    choices = meta.get("choices")
+    if choices is not None:
+        if value not in choices:
+            raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+        return
+    if isinstance(default, bool) or meta.get("type") is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"`{name}` must be a bool, got {value!r}.")
+        return
+    kind = meta.get("type", type(default) if default is not None else int)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"`{name}` must be an integer{_allowed(meta, default)}, got {value!r}.")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"`{name}` must be a number{_allowed(meta, default)}, got {value!r}.")
+    if kind is tuple:
+        return
+    lo, hi = meta.get("min"), meta.get("max")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"`{name}` must be in {_range_text(lo, hi)}, got {value!r}.")
+
+
+def _range_text(lo: Any, hi: Any) -> str:
+    return f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+
+
+def _allowed(meta: dict, default: Any) -> str:
+    parts = []
+    if meta.get("min") is not None or meta.get("max") is not None:
+        parts.append(f" in {_range_text(meta.get('min'), meta.get('max'))}")
+    if meta.get("nullable"):
+        parts.append(" or None")
+    return "".join(parts)
+
+
+@dataclass
+class MemoryConfig:
+    """Common configuration of every memory method.
+
+    Args:
+        segment_length (`int`, defaults to 512):
+            Real (text) tokens per segment. Memory, sensory and summary slots come on top.
+        bptt_depth (`int`, *optional*):
+            Segments that gradients flow back through (truncated BPTT: the state is detached every `bptt_depth`
+            segments). `None` means through the whole input.
+        offload_activations (`bool`, defaults to `False`):
+            Move each segment's saved activations to CPU memory (parameters are never copied).
+        gradient_checkpointing (`bool`, defaults to `False`):
+            Recompute each segment in the backward pass instead of keeping its activations.
+    """
+
+    method: ClassVar[str] = ""
+
+    segment_length: int = field(default=512, metadata={"help": "Real tokens per segment.", "min": 1})
+    bptt_depth: int | None = field(
+        default=None,
+        metadata={"help": "Segments gradients flow back through; None = all.", "min": 1, "nullable": True},
+    )
+    offload_activations: bool = field(
+        default=False, metadata={"help": "Move per-segment saved activations to CPU."}
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute each segment in backward (non-reentrant)."}
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field against the constraints it declares; subclasses add cross-field checks."""
+        for f in dataclasses.fields(self):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            _check_field(f.name, getattr(self, f.name), dict(f.metadata), default)
+
+    # ---- JSON round trip -------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields plus `method`, ready for JSON."""
+        out = {"method": self.method_name}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @property
+    def method_name(self) -> str:
+        """The method string this config selects (a preset name for multi-preset configs)."""
+        return self.method
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MemoryConfig":
+        """Build the config of `data["method"]`, rejecting keys that are neither fields nor checkpoint metadata."""
+        from .registry import get_method
+
+        data = dict(data)
+        method = data.pop("method", None)
+        if method is None:
+            raise ValueError("The memory config has no `method` key; it is needed to pick the config class.")
+        entry = get_method(method)
+        for key in METADATA_KEYS:
+            data.pop(key, None)
+        return entry.make_config(method, **data)
+
+    def to_json_string(self, **metadata: Any) -> str:
+        return json.dumps({**self.to_dict(), **metadata}, indent=2, sort_keys=True) + "\n"
+
+    def save(self, directory: str | os.PathLike, **metadata: Any) -> str:
+        """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the fields)."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, CONFIG_NAME)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json_string(**metadata))
+        return path
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "MemoryConfig":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err}); the memory config file is corrupted.") from err
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}.")
+        return MemoryConfig.from_dict(data)
+
+    def replace(self, **changes: Any) -> "MemoryConfig":
+        """A copy with `changes` applied (validated like a fresh config)."""
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise ValueError(
+                f"Unknown field(s) {unknown} for {type(self).__name__}; valid fields: {sorted(self.field_names())}."
+            )
+        return dataclasses.replace(self, **changes)

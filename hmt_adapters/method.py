@@ -1,0 +1,97 @@
+"""`MemoryMethod`: the interface between the segment runtime and one memory method.
+
+Per segment the runtime asks the method for a `Layout` (input-level memory slots around the segment's tokens and,
+for attention-level methods, the K/V memory the patched attention reads), runs the backbone once, and hands the
+final hidden states back so the method can write its new state. Methods are pure: state in, new state out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from .backbones import BackboneAdapter
+from .config import MemoryConfig
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass
+class Segment:
+    """One segment for every row: tokens `[B, L]`, their mask, and the number of segments closed before it."""
+
+    ids: torch.Tensor  # [B, L]
+    mask: torch.Tensor  # [B, L] 1 = real token
+    index: int
+    embeds: torch.Tensor | None  # [B, L, d] token embeddings (None when passed to `plan`)
+    closes: bool = True  # False: a streaming segment that is still open (its state update is discarded)
+
+    @property
+    def real_rows(self) -> torch.Tensor:
+        """`[B]` bool: rows with at least one real token (the others keep their state)."""
+        return self.mask.bool().any(-1)
+
+
+@dataclass
+class Layout:
+    """What surrounds a segment's tokens in the backbone call.
+
+    The window is `[prefix ; tokens ; suffix]`; `attention` is the object the patched attention function reads
+    (None for input-level methods).
+    """
+
+    prefix: torch.Tensor | None = None  # [B, P, d]
+    prefix_mask: torch.Tensor | None = None  # [B, P]
+    suffix: torch.Tensor | None = None  # [B, S, d]
+    suffix_mask: torch.Tensor | None = None  # [B, S]
+    attention: Any = None
+
+    @property
+    def prefix_length(self) -> int:
+        return 0 if self.prefix is None else self.prefix.shape[1]
+
+
+class MemoryMethod(nn.Module):
+    """Base class of every memory method; subclasses own the method's parameters and state layout."""
+
+    config_class: ClassVar[type[MemoryConfig]] = MemoryConfig
+    needs_attention: ClassVar[bool] = False  # injects K/V into attention layers (needs an attention backbone)
+
+    def __init__(self, config: MemoryConfig, backbone: BackboneAdapter):
+        super().__init__()
+        self.config = config
+        self.backbone = backbone
+
+    def window_slots(self) -> int:
+        """Extra positions a segment's window holds besides its `segment_length` tokens."""
+        return 0
+
+    def check_backbone(self) -> None:
+        """Raise `ValueError` when the method's windows do not fit the backbone's positions."""
+        limit = self.backbone.max_positions
+        window = self.config.segment_length + self.window_slots()
+        if limit is not None and window > limit:
+            raise ValueError(
+                f"A segment window of {window} positions (`segment_length`={self.config.segment_length} plus "
+                f"{self.window_slots()} memory slots) exceeds the backbone's {limit} positions "
+                f"(max_position_embeddings); lower `segment_length` to at most {limit - self.window_slots()}."
+            )
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
+        """The state before the first segment."""
+        return {}
+
+    def plan(self, segments: list[Segment], state: State) -> list[Any]:
+        """Work that depends only on tokens, done for many segments in one batched call (default: none)."""
+        return [None] * len(segments)
+
+    def prepare(self, segment: Segment, state: State, plan: Any) -> Layout:
+        """The layout of `segment`'s backbone window."""
+        return Layout()
+
+    def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
+        """The state after `segment`, from the final hidden states of its whole window `[B, W, d]`."""
+        return state

@@ -1,0 +1,247 @@
+"""`MemoryModel`: a causal LM wrapped with a memory method, and `wrap_with_memory`, the one-call entry point."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from . import hub
+from .backbones import get_backbone_adapter, unwrap_causal_lm
+from .config import MemoryConfig
+from .outputs import MemoryCausalLMOutput, MemoryState
+from .registry import available_methods, get_method, method_for_config
+from .runtime import IGNORE_INDEX, SegmentRuntime, shift_targets
+
+
+def _methods_without_attention() -> list[str]:
+    return [m for m in available_methods() if not get_method(m).needs_attention]
+
+
+class MemoryModel(PreTrainedModel):
+    """A segment-recurrent, memory-augmented causal LM around a Hugging Face backbone.
+
+    The backbone (`base_model`, possibly a peft `PeftModel`) is frozen by default; `memory_parameters()` are the
+    trainable memory weights. `save_pretrained` writes only the adapter (memory weights, config, LoRA if present).
+    """
+
+    base_model_prefix = "backbone"
+    main_input_name = "input_ids"
+    accepts_loss_kwargs = True  # Trainer passes `num_items_in_batch` for exact gradient-accumulation loss
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def __init__(self, base_model: nn.Module, memory_config: MemoryConfig, freeze_backbone: bool = True):
+        causal_lm = unwrap_causal_lm(base_model)
+        config = causal_lm.config
+        attn_implementation = getattr(config, "_attn_implementation_internal", None)
+        super().__init__(config)
+        config._attn_implementation_internal = attn_implementation  # the shared backbone config stays as it was
+        self.loss_type = "ForCausalLM"  # labels are shifted inside: Trainer counts targets over labels[..., 1:]
+        self.backbone = base_model
+        self.adapter = get_backbone_adapter(base_model)
+        entry = method_for_config(memory_config)
+        if entry.needs_attention and not self.adapter.supports_attention_memory:
+            raise NotImplementedError(
+                f"'{entry.name}' injects memory into attention layers, which '{self.adapter.model_type}' "
+                f"({type(causal_lm).__name__}) does not support. Methods that work on it: {_methods_without_attention()}."
+            )
+        self.memory_config = memory_config
+        self.memory = entry.method_cls(memory_config, self.adapter)
+        self.memory.check_backbone()
+        self.runtime = SegmentRuntime(self.memory, self.adapter)
+        if freeze_backbone:
+            self._freeze_backbone()
+        param = next(causal_lm.parameters())
+        self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
+
+    def _freeze_backbone(self) -> None:
+        """Freeze every backbone weight except LoRA weights a peft model marked trainable."""
+        is_peft = causal_lm_is_peft(self.backbone)
+        for name, p in self.backbone.named_parameters():
+            if not (is_peft and "lora_" in name and p.requires_grad):
+                p.requires_grad_(False)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Weights come from the backbone and the method; nothing is re-initialised."""
+
+    # ---- public API ------------------------------------------------------------------------------------------
+
+    @property
+    def method(self) -> str:
+        return self.memory_config.method_name
+
+    def memory_parameters(self) -> Iterator[nn.Parameter]:
+        """The trainable memory parameters (not the backbone, not LoRA)."""
+        return (p for p in self.memory.parameters() if p.requires_grad)
+
+    def init_memory(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
+        """The empty memory state for `batch_size` streams."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
+        param = next(self.adapter.model.parameters())
+        device = torch.device(device) if device is not None else param.device
+        tensors = self.memory.init_state(batch_size, device, param.dtype)
+        return MemoryState(self.method, tensors)
+
+    @contextlib.contextmanager
+    def disable_memory(self) -> Iterator[None]:
+        """Run the backbone on each segment alone (no memory): the same-window baseline."""
+        self.runtime.memory_enabled = False
+        try:
+            yield
+        finally:
+            self.runtime.memory_enabled = True
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        return_logits: bool = True,
+    ) -> MemoryCausalLMOutput:
+        """Read `input_ids` `[B, T]` (any T >= 1) segment by segment from an empty memory.
+
+        `loss` is the causal-LM loss over the whole input (labels -100 ignored); the last position of segment n
+        predicts the first token of segment n+1. `logits` `[B, T, V]` has one row per input token.
+        """
+        ids, mask = self._check_inputs(input_ids, attention_mask)
+        targets = None
+        if labels is not None:
+            targets = shift_targets(self._check_labels(labels, ids))
+        state = self.init_memory(ids.shape[0], ids.device)
+        result = self.runtime.run(ids, mask, targets, state, keep_logits=return_logits)
+        return MemoryCausalLMOutput(
+            loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
+            logits=result.logits,
+            num_tokens=result.num_tokens if labels is not None else None,
+        )
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        state: MemoryState | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> tuple[MemoryCausalLMOutput, MemoryState]:
+        """Feed the next chunk of a stream; chunk-by-chunk logits equal one `forward` over the concatenation.
+
+        Tokens of a segment that the chunk leaves unfinished stay pending in the returned state and are read
+        again (with the next chunk) when the segment closes. With `labels`, the loss covers next-token targets
+        inside the chunk.
+        """
+        ids, mask = self._check_inputs(input_ids, attention_mask)
+        if state is None:
+            state = self.init_memory(ids.shape[0], ids.device)
+        self._check_state(state, ids.shape[0])
+        pending = state.pending_length
+        if pending:
+            ids = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
+            mask = torch.cat([state.pending_mask.to(mask.device), mask], dim=1)
+        targets = None
+        if labels is not None:
+            labels = self._check_labels(labels, input_ids)
+            targets = torch.cat([labels.new_full((ids.shape[0], pending), IGNORE_INDEX), shift_targets(labels)], dim=1)
+        closed = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
+        result = self.runtime.run(ids, mask, targets, closed, close_last=False)
+        done = (ids.shape[1] // self.memory_config.segment_length) * self.memory_config.segment_length
+        new_state = result.state
+        if done < ids.shape[1]:
+            new_state.pending_ids, new_state.pending_mask = ids[:, done:], mask[:, done:]
+        out = MemoryCausalLMOutput(
+            loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
+            logits=result.logits[:, pending:],
+            memory_state=new_state,
+            num_tokens=result.num_tokens if labels is not None else None,
+        )
+        return out, new_state
+
+    # ---- adapter I/O -----------------------------------------------------------------------------------------
+
+    def save_pretrained(self, save_directory: str, state_dict: dict | None = None, is_main_process: bool = True, **kwargs: Any) -> None:
+        """Write `memory_config.json`, `memory_adapter.safetensors` and (with LoRA) the peft adapter files."""
+        hub.save_adapter(self, save_directory, state_dict=state_dict, is_main_process=is_main_process)
+
+    @classmethod
+    def from_pretrained(cls, base_model: nn.Module, pretrained_model_name_or_path: str, **overrides: Any) -> "MemoryModel":
+        """Wrap `base_model` with the adapter saved at a local directory or Hub repo id; `overrides` change config fields."""
+        return hub.load_adapter(cls, base_model, pretrained_model_name_or_path, **overrides)
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None, commit_message: str | None = None, **card_fields: Any) -> Any:
+        """Upload the adapter files and a generated model card to `repo_id`."""
+        return hub.push_adapter(self, repo_id, private=private, token=token, commit_message=commit_message, **card_fields)
+
+    # ---- checks ----------------------------------------------------------------------------------------------
+
+    def _check_inputs(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"`input_ids` must be a [batch, length >= 1] tensor of token ids, got {shape}.")
+        if input_ids.is_floating_point():
+            raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+        vocab = self.adapter.vocab_size
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+            raise ValueError(
+                f"`input_ids` must lie in [0, {vocab - 1}] (the backbone's vocabulary), got values in "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]."
+            )
+        if attention_mask is None:
+            return input_ids, torch.ones_like(input_ids)
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+            raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
+        return input_ids, attention_mask.to(input_ids.device).long()
+
+    @staticmethod
+    def _check_labels(labels: Any, input_ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+            shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise ValueError(f"`labels` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
+        return labels.to(input_ids.device).long()
+
+    def _check_state(self, state: MemoryState, batch_size: int) -> None:
+        if not isinstance(state, MemoryState):
+            raise TypeError(f"`state` must be a MemoryState from `init_memory`/`step`, got {type(state).__name__}.")
+        if state.method != self.method:
+            raise ValueError(f"This state belongs to method '{state.method}', but the model runs '{self.method}'.")
+        if state.batch_size != batch_size:
+            raise ValueError(f"The state holds {state.batch_size} streams but the chunk has batch size {batch_size}.")
+
+    @staticmethod
+    def _loss(loss_sum: torch.Tensor, num_tokens: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
+        """Token-weighted mean cross-entropy (divided by `num_items_in_batch` under gradient accumulation)."""
+        if num_items_in_batch is not None:
+            denom = torch.as_tensor(num_items_in_batch, device=loss_sum.device, dtype=loss_sum.dtype)
+        else:
+            denom = num_tokens.clamp(min=1).to(loss_sum.dtype)
+        return loss_sum / denom
+
+
+def causal_lm_is_peft(model: nn.Module) -> bool:
+    return unwrap_causal_lm(model) is not model
+
+
+def wrap_with_memory(
+    model: nn.Module, method_or_config: str | MemoryConfig, *, freeze_backbone: bool = True, **overrides: Any
+) -> MemoryModel:
+    """Wrap a Hugging Face causal LM with a memory method.
+
+    `method_or_config` is a method string (`"rmt"`, `"hmt"`, ...) whose config is built from `overrides`, or a
+    config object (`overrides` then replace its fields). The backbone is frozen unless `freeze_backbone=False`.
+    """
+    if isinstance(method_or_config, MemoryConfig):
+        config = method_or_config.replace(**overrides) if overrides else method_or_config
+    elif isinstance(method_or_config, str):
+        config = get_method(method_or_config).make_config(method_or_config, **overrides)
+    else:
+        raise TypeError(
+            f"`method_or_config` must be a method name {available_methods()} or a MemoryConfig, got {type(method_or_config).__name__}."
+        )
+    return MemoryModel(model, config, freeze_backbone=freeze_backbone)

@@ -1,0 +1,110 @@
+"""Results of a forward pass and the explicit memory state carried between calls."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+STATE_NAME = "memory_state.safetensors"
+
+
+@dataclass
+class MemoryState:
+    """What a memory method carries from one segment to the next, for `batch_size` independent streams.
+
+    `tensors` is a flat name -> tensor mapping (batch first) owned by the method; `pending_ids`/`pending_mask`
+    hold the tokens of a segment that a streaming `step()` has started but not yet closed.
+    """
+
+    method: str
+    tensors: dict[str, torch.Tensor]
+    segments_seen: int = 0
+    pending_ids: torch.Tensor | None = None  # [B, r], 0 <= r < segment_length
+    pending_mask: torch.Tensor | None = None  # [B, r]
+    extras: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        for t in self.tensors.values():
+            return t.shape[0]
+        return 0 if self.pending_ids is None else self.pending_ids.shape[0]
+
+    @property
+    def pending_length(self) -> int:
+        return 0 if self.pending_ids is None else self.pending_ids.shape[1]
+
+    def _map(self, fn) -> "MemoryState":
+        return MemoryState(
+            self.method,
+            {k: fn(v) for k, v in self.tensors.items()},
+            self.segments_seen,
+            None if self.pending_ids is None else fn(self.pending_ids),
+            None if self.pending_mask is None else fn(self.pending_mask),
+            dict(self.extras),
+        )
+
+    def detach(self) -> "MemoryState":
+        """A copy whose tensors carry no autograd history (gradients stop here)."""
+        return self._map(lambda t: t.detach())
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MemoryState":
+        """A copy on `device`; floating tensors are cast to `dtype` when given."""
+        return self._map(lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None))
+
+    def clone(self) -> "MemoryState":
+        return self._map(lambda t: t.clone())
+
+    # ---- serialisation ---------------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the state to one safetensors file (tensors plus JSON metadata)."""
+        tensors = {f"tensors.{k}": v.detach().contiguous() for k, v in self.tensors.items()}
+        if self.pending_ids is not None:
+            tensors["pending_ids"] = self.pending_ids.contiguous()
+            tensors["pending_mask"] = self.pending_mask.contiguous()
+        meta = {"method": self.method, "segments_seen": str(self.segments_seen), "extras": json.dumps(self.extras)}
+        save_file({k: v.cpu() for k, v in tensors.items()}, os.fspath(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "MemoryState":
+        """Read a state written by `save`."""
+        from safetensors import safe_open
+
+        with safe_open(os.fspath(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+        if "method" not in meta:
+            raise ValueError(f"{path} is not a memory state file (no `method` metadata).")
+        raw = load_file(os.fspath(path), device=str(device))
+        tensors = {k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")}
+        return cls(
+            meta["method"],
+            tensors,
+            int(meta["segments_seen"]),
+            raw.get("pending_ids"),
+            raw.get("pending_mask"),
+            json.loads(meta.get("extras", "{}")),
+        )
+
+
+@dataclass
+class MemoryCausalLMOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus the memory state after the call.
+
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, *optional*):
+            Causal-LM loss over the whole input (the last position of segment n predicts the first token of n+1).
+        logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`):
+            One row per input token; none for memory, sensory or summary slots.
+        memory_state (`MemoryState`, *optional*):
+            The state after the last segment (returned by `step`).
+        num_tokens (`torch.LongTensor` of shape `()`, *optional*):
+            Targets that entered the loss.
+    """
+
+    memory_state: MemoryState | None = None
+    num_tokens: torch.Tensor | None = None

@@ -1,0 +1,177 @@
+"""The segment-recurrent runtime: split inputs into segments, run the method on each, accumulate the loss.
+
+It knows no method by name: it calls `plan`, `prepare` and `update` of a `MemoryMethod` and handles what every
+method shares (segmenting, padding rows, truncated BPTT, activation offload, per-segment checkpointing, the
+cross-segment next-token loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .backbones import BackboneAdapter
+from .method import Layout, MemoryMethod, Segment, State
+from .offload import ActivationOffload
+from .outputs import MemoryState
+
+IGNORE_INDEX = -100
+MEMORY_KWARG = "memory_context"  # keyword that carries attention-level memory to the patched attention function
+
+
+def segment_spans(length: int, segment_length: int) -> list[tuple[int, int]]:
+    """`[start, end)` of each segment of a `length`-token input; the last one may be shorter."""
+    return [(s, min(s + segment_length, length)) for s in range(0, length, segment_length)]
+
+
+def shift_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Next-token targets over the whole input: position t predicts `labels[t + 1]`; the last has none."""
+    pad = labels.new_full((labels.shape[0], 1), IGNORE_INDEX)
+    return torch.cat([labels[:, 1:], pad], dim=1)
+
+
+def keep_rows(rows: torch.Tensor, new: State, old: State) -> State:
+    """`new` for rows where `rows` is True, `old` elsewhere (rows without real tokens keep their state)."""
+    if bool(rows.all()):
+        return new
+    out = {}
+    for name, value in new.items():
+        cond = rows.view(-1, *([1] * (value.dim() - 1)))
+        out[name] = torch.where(cond, value, old[name])
+    return out
+
+
+@dataclass
+class RunResult:
+    loss_sum: torch.Tensor  # fp32 scalar: summed cross-entropy
+    num_tokens: torch.Tensor  # int64 scalar: targets that entered the sum
+    logits: torch.Tensor | None  # [B, T, V]
+    state: MemoryState
+
+
+class SegmentRuntime:
+    """Runs a `MemoryMethod` over the segments of an input."""
+
+    def __init__(self, method: MemoryMethod, backbone: BackboneAdapter):
+        self.method = method
+        self.backbone = backbone
+        self.memory_enabled = True
+
+    @property
+    def config(self):
+        return self.method.config
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        targets: torch.Tensor | None,
+        state: MemoryState,
+        *,
+        keep_logits: bool = True,
+        close_last: bool = True,
+    ) -> RunResult:
+        """Process `input_ids` `[B, T]` segment by segment starting from `state`.
+
+        With `close_last=False` a final segment shorter than `segment_length` stays open: its logits are returned
+        but it is not folded into the state (streaming keeps those tokens pending).
+        """
+        cfg = self.config
+        length = cfg.segment_length
+        spans = segment_spans(input_ids.shape[1], length)
+        tensors = state.tensors
+        grad = torch.is_grad_enabled()
+        per_segment_plan = cfg.gradient_checkpointing and grad
+        plans = [None] * len(spans)
+        if self.memory_enabled and not per_segment_plan:
+            segments = [
+                Segment(input_ids[:, s:e], attention_mask[:, s:e], state.segments_seen + n, None)
+                for n, (s, e) in enumerate(spans)
+            ]
+            with self._offload() if cfg.offload_activations and grad else contextlib.nullcontext():
+                plans = self.method.plan(segments, tensors)
+        loss_sum = torch.zeros((), device=input_ids.device)
+        num_tokens = torch.zeros((), device=input_ids.device, dtype=torch.long)
+        logits = []
+        closed = 0
+        for n, (s, e) in enumerate(spans):
+            index = state.segments_seen + n
+            closes = close_last or (e - s) == length
+            if cfg.bptt_depth is not None and index > 0 and index % cfg.bptt_depth == 0:
+                tensors = {k: v.detach() for k, v in tensors.items()}
+            seg_targets = None if targets is None else targets[:, s:e]
+            args = (input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits)
+            if cfg.gradient_checkpointing and grad:
+                ce, count, seg_logits, tensors = checkpoint(self._segment, *args, use_reentrant=False)
+            elif cfg.offload_activations and grad:
+                with self._offload():
+                    ce, count, seg_logits, tensors = self._segment(*args)
+            else:
+                ce, count, seg_logits, tensors = self._segment(*args)
+            loss_sum = loss_sum + ce
+            num_tokens = num_tokens + count
+            closed += int(closes)
+            if keep_logits:
+                logits.append(seg_logits)
+        new_state = MemoryState(state.method, tensors, state.segments_seen + closed, extras=dict(state.extras))
+        return RunResult(loss_sum, num_tokens, torch.cat(logits, dim=1) if keep_logits else None, new_state)
+
+    def _offload(self) -> ActivationOffload:
+        return ActivationOffload([self.backbone.model, self.method])
+
+    def _segment(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        targets: torch.Tensor | None,
+        tensors: State,
+        index: int,
+        plan,
+        closes: bool,
+        keep_logits: bool,
+    ):
+        """One segment: assemble the window, run the backbone, score the tokens, write the new state."""
+        segment = Segment(ids, mask, index, self.backbone.embed(ids), closes)
+        if self.memory_enabled:
+            if plan is None:
+                plan = self.method.plan([segment], tensors)[0]
+            layout = self.method.prepare(segment, tensors, plan)
+        else:
+            layout = Layout()
+        window, window_mask = self._assemble(segment, layout)
+        extra = {} if layout.attention is None else {MEMORY_KWARG: layout.attention}
+        hidden = self.backbone.body(window, window_mask, **extra)
+        start = layout.prefix_length
+        logits = self.backbone.logits(hidden[:, start : start + ids.shape[1]])
+        if targets is None:
+            ce, count = logits.new_zeros((), dtype=torch.float32), ids.new_zeros(())
+        else:
+            flat = targets.reshape(-1)
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX, reduction="sum")
+            count = (flat != IGNORE_INDEX).sum()
+        new = tensors
+        if self.memory_enabled and closes:
+            new = keep_rows(segment.real_rows, self.method.update(segment, tensors, layout, hidden), tensors)
+        return ce, count, logits if keep_logits else None, new
+
+    def _assemble(self, segment: Segment, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[prefix ; token embeddings ; suffix]` and its mask; rows with no real token attend everywhere (no NaN)."""
+        parts = [segment.embeds]
+        masks = [segment.mask]
+        if layout.prefix is not None:
+            parts.insert(0, layout.prefix.to(segment.embeds.dtype))
+            masks.insert(0, layout.prefix_mask.to(segment.mask.dtype))
+        if layout.suffix is not None:
+            parts.append(layout.suffix.to(segment.embeds.dtype))
+            masks.append(layout.suffix_mask.to(segment.mask.dtype))
+        window = torch.cat(parts, dim=1)
+        mask = torch.cat(masks, dim=1)
+        self.backbone.check_mask(mask)
+        empty = ~segment.real_rows
+        if bool(empty.any()):
+            mask = torch.where(empty[:, None], torch.ones_like(mask), mask)
+        return window, mask
