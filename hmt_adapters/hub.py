@@ -170,7 +170,7 @@ def push_adapter(
     api.create_repo(repo_id, private=private, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         save_adapter(model, tmp)
-        render_model_card(model, **card_fields).save(os.path.join(tmp, "README.md"))
+        render_model_card(model, repo_id=repo_id, **card_fields).save(os.path.join(tmp, "README.md"))
         return api.upload_folder(
             repo_id=repo_id,
             folder_path=tmp,

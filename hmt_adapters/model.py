@@ -38,14 +38,14 @@ class MemoryModel(PreTrainedModel):
     _supports_attention_backend = True
 
     def __init__(self, base_model: nn.Module, memory_config: MemoryConfig, freeze_backbone: bool = True):
-        causal_lm = unwrap_causal_lm(base_model)
-        config = causal_lm.config
+        adapter = get_backbone_adapter(base_model)
+        causal_lm, config = adapter.model, adapter.config
         attn_implementation = getattr(config, "_attn_implementation_internal", None)
         super().__init__(config)
         config._attn_implementation_internal = attn_implementation  # the shared backbone config stays as it was
         self.loss_type = "ForCausalLM"  # labels are shifted inside: Trainer counts targets over labels[..., 1:]
         self.backbone = base_model
-        self.adapter = get_backbone_adapter(base_model)
+        self.adapter = adapter
         entry = method_for_config(memory_config)
         if entry.needs_attention and not self.adapter.supports_attention_memory:
             raise NotImplementedError(

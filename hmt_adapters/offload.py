@@ -13,6 +13,9 @@ import torch
 from torch import nn
 
 
+MIN_OFFLOAD_BYTES = 1 << 14  # smaller saved tensors stay in place: copying them costs more than it saves
+
+
 def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -20,9 +23,9 @@ def _storage_ptr(t: torch.Tensor) -> int:
 class ActivationOffload:
     """Context manager: inside it, autograd stores large non-parameter activations in (pinned) CPU memory."""
 
-    def __init__(self, modules: Iterable[nn.Module], min_bytes: int = 1 << 14):
+    def __init__(self, modules: Iterable[nn.Module], min_bytes: int | None = None):
         self.param_ptrs = {_storage_ptr(p) for m in modules for p in m.parameters()}
-        self.min_bytes = min_bytes
+        self.min_bytes = MIN_OFFLOAD_BYTES if min_bytes is None else min_bytes
         self.bytes_offloaded = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 

@@ -9,10 +9,26 @@ import torch
 from .base import RecurrentAdapter
 
 
+def _gather_slots(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    index = order if x.dim() == 2 else order.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    return x.gather(1, index)
+
+
 class MambaAdapter(RecurrentAdapter):
-    """Each segment starts from a fresh SSM state (HMT spec §2.8); padding is zeroed by Mamba's own mask."""
+    """Each segment starts from a fresh SSM state (HMT spec §2.8).
+
+    A zero input still moves an SSM's state, so masked slots inside a window (absent sensory tokens, padding in a
+    segment) are moved to the front of the row, where Mamba's own left-padding handling makes them a no-op.
+    """
 
     model_types = ("mamba",)
 
     def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
         return {"attention_mask": mask, "use_cache": False}
+
+    def body(self, inputs_embeds: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        order = torch.argsort(mask.long(), dim=1, stable=True)  # padding first, real slots in their order
+        if bool((order == torch.arange(mask.shape[1], device=mask.device)).all()):
+            return super().body(inputs_embeds, mask, **kwargs)
+        hidden = super().body(_gather_slots(inputs_embeds, order), _gather_slots(mask, order), **kwargs)
+        return _gather_slots(hidden, torch.argsort(order, dim=1))

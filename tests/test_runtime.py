@@ -1,0 +1,107 @@
+"""The segment runtime: spans, targets across segment boundaries, memory-saving switches, tails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hmt_adapters as ha
+from hmt_adapters import offload
+from hmt_adapters.memory import append_tail
+from hmt_adapters.runtime import segment_spans, shift_targets
+from tiny import random_ids, tiny_backbone
+
+
+def test_segment_spans_cover_the_input_with_a_ragged_last_segment():
+    assert segment_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert segment_spans(8, 4) == [(0, 4), (4, 8)]
+    assert segment_spans(3, 4) == [(0, 3)]
+
+
+def test_targets_shift_across_segment_boundaries():
+    labels = torch.tensor([[5, 6, 7, -100, 9]])
+    assert shift_targets(labels).tolist() == [[6, 7, -100, 9, -100]]
+
+
+def test_tails_keep_the_last_real_tokens_right_aligned():
+    ids, mask = torch.tensor([[1, 2, 3]]), torch.tensor([[1, 1, 0]])
+    tail_ids, tail_mask = append_tail(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), ids, mask, 4)
+    assert tail_mask.tolist() == [[0, 0, 1, 1]] and tail_ids[:, 2:].tolist() == [[1, 2]]
+    tail_ids, tail_mask = append_tail(tail_ids, tail_mask, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), 4)
+    assert tail_ids.tolist() == [[2, 7, 8, 9]] and tail_mask.tolist() == [[1, 1, 1, 1]]
+
+
+SWITCHES = [
+    dict(),
+    dict(offload_activations=True),
+    dict(gradient_checkpointing=True),
+    dict(offload_activations=True, gradient_checkpointing=True),
+]
+
+
+@pytest.mark.parametrize("method,kw", [("hmt", dict(sensory_length=3, memory_window=4)), ("rmt", dict(num_memory_tokens=2))])
+def test_offload_and_checkpointing_give_the_same_loss_and_gradients(method, kw, monkeypatch):
+    packed = []
+    original_pack = offload.ActivationOffload._pack
+
+    def counting_pack(self, t):
+        packed.append(offload._storage_ptr(t) in self.param_ptrs)
+        return original_pack(self, t)
+
+    monkeypatch.setattr(offload.ActivationOffload, "_pack", counting_pack)
+    ids = random_ids(2, 5 * 8 + 3)
+    results = []
+    for switches in SWITCHES:
+        model = ha.wrap_with_memory(tiny_backbone("llama"), method, segment_length=8, **kw, **switches)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.memory.named_parameters()}))
+    assert packed and not all(packed), "the offload hooks never saw an activation"
+    ref_loss, ref_grads = results[0]
+    for loss, grads in results[1:]:
+        torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, ref_grads[name], atol=1e-6, rtol=1e-5)
+
+
+def test_num_items_in_batch_divides_the_summed_loss():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(2, 20)
+    out = model(input_ids=ids, labels=ids)
+    summed = model(input_ids=ids, labels=ids, num_items_in_batch=1).loss
+    torch.testing.assert_close(summed / out.num_tokens, out.loss)
+
+
+def test_streaming_loss_covers_targets_inside_each_chunk():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8, sensory_length=2).eval()
+    ids = random_ids(1, 20)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        out, _ = model.step(ids[:, 12:], model.step(ids[:, :12])[1], labels=ids[:, 12:])
+    ref = torch.nn.functional.cross_entropy(logits[0, 12:-1], ids[0, 13:])
+    torch.testing.assert_close(out.loss, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_state_detaches_moves_and_survives_a_disk_round_trip(tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8, sensory_length=2).eval()
+    ids = random_ids(2, 30)
+    with torch.no_grad():
+        _, state = model.step(ids[:, :19])
+        expected, _ = model.step(ids[:, 19:], state)
+    state.save(tmp_path / "state.safetensors")
+    restored = ha.MemoryState.load(tmp_path / "state.safetensors")
+    assert restored.segments_seen == 2 and restored.pending_length == 3
+    with torch.no_grad():
+        again, _ = model.step(ids[:, 19:], restored.to("cpu").detach())
+    torch.testing.assert_close(again.logits, expected.logits, atol=0, rtol=0)
+
+
+def test_offload_hooks_leave_parameters_small_and_host_tensors_in_place():
+    layer = torch.nn.Linear(64, 64)
+    hooks = offload.ActivationOffload([layer], min_bytes=0)
+    assert hooks._pack(layer.weight) is layer.weight
+    assert hooks._pack(layer.weight.t()) is not None and offload._storage_ptr(layer.weight.t()) in hooks.param_ptrs
+    host = torch.randn(128, 128)
+    assert hooks._pack(host) is host  # already in CPU memory
+    big = offload.ActivationOffload([layer])
+    assert big.min_bytes == offload.MIN_OFFLOAD_BYTES
