@@ -4,6 +4,7 @@ from . import methods  # noqa: F401  (registers every method)
 from .config import MemoryConfig
 from .methods.hmt import HMTConfig
 from .methods.rmt import RMTConfig
+from .methods.unimem import UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .outputs import MemoryCausalLMOutput, MemoryState
 from .registry import available_methods, register_method
@@ -16,6 +17,7 @@ __all__ = [
     "MemoryModel",
     "MemoryState",
     "RMTConfig",
+    "UniMemConfig",
     "__version__",
     "available_methods",
     "register_method",

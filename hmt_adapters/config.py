@@ -38,9 +38,14 @@ def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
         raise ValueError(f"`{name}` must be an integer{_allowed(meta, default)}, got {value!r}.")
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise ValueError(f"`{name}` must be a number{_allowed(meta, default)}, got {value!r}.")
-    if kind is tuple:
-        return
     lo, hi = meta.get("min"), meta.get("max")
+    if kind is tuple:
+        if not isinstance(value, tuple) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise ValueError(f"`{name}` must be a non-empty list of integers{_allowed(meta, default)}, got {value!r}.")
+        bad = [v for v in value if (lo is not None and v < lo) or (hi is not None and v > hi)]
+        if bad:
+            raise ValueError(f"`{name}` entries must be in {_range_text(lo, hi)}, got {bad!r}.")
+        return
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ValueError(f"`{name}` must be in {_range_text(lo, hi)}, got {value!r}.")
 
@@ -95,6 +100,8 @@ class MemoryConfig:
         """Check every field against the constraints it declares; subclasses add cross-field checks."""
         for f in dataclasses.fields(self):
             default = f.default if f.default is not dataclasses.MISSING else None
+            if f.metadata.get("type") is tuple and isinstance(getattr(self, f.name), list):
+                setattr(self, f.name, tuple(getattr(self, f.name)))  # JSON lists come back as tuples
             _check_field(f.name, getattr(self, f.name), dict(f.metadata), default)
 
     # ---- JSON round trip -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from . import hub
+from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
 from .outputs import MemoryCausalLMOutput, MemoryState
@@ -52,6 +53,8 @@ class MemoryModel(PreTrainedModel):
                 f"'{entry.name}' injects memory into attention layers, which '{self.adapter.model_type}' "
                 f"({type(causal_lm).__name__}) does not support. Methods that work on it: {_methods_without_attention()}."
             )
+        if entry.needs_attention:
+            use_memory_attention(causal_lm)
         self.memory_config = memory_config
         self.memory = entry.method_cls(memory_config, self.adapter)
         self.memory.check_backbone()

@@ -7,18 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import hmt_adapters as ha
+from cases import SEGMENT, cases, has_parameters, trains_through_memory, wrap
 from tiny import ATTENTION_FAMILIES, FAMILIES, MAX_POSITIONS, VOCAB, random_ids, tiny_backbone
 
-SEGMENT = 8
-INPUT_LEVEL = {
-    "rmt": dict(segment_length=SEGMENT, num_memory_tokens=2),
-    "hmt": dict(segment_length=SEGMENT, sensory_length=3, memory_window=4, retrieval_dim=16),
-}
-CASES = [(m, f) for m in INPUT_LEVEL for f in FAMILIES]
-
-
-def wrap(method: str, family: str, seed: int = 0, **overrides) -> ha.MemoryModel:
-    return ha.wrap_with_memory(tiny_backbone(family, seed), method, **{**INPUT_LEVEL[method], **overrides})
+CASES = cases()
 
 
 def hand_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -39,7 +31,7 @@ def test_logits_cover_every_token_and_loss_is_causal_lm_loss(method, family):
     assert int(out.num_tokens) == int((labels[:, 1:] != -100).sum())
 
 
-@pytest.mark.parametrize("method,family", CASES)
+@pytest.mark.parametrize("method,family", cases(has_parameters))
 def test_gradients_reach_every_memory_parameter_and_no_backbone_weight(method, family):
     model = wrap(method, family)
     ids = random_ids(2, 4 * SEGMENT)
@@ -141,7 +133,7 @@ def test_documents_twenty_times_the_backbone_positions_run_with_bounded_position
         assert max(seen) < SEGMENT + model.memory.window_slots() <= MAX_POSITIONS
 
 
-@pytest.mark.parametrize("method,family", CASES)
+@pytest.mark.parametrize("method,family", cases(trains_through_memory))
 def test_bptt_depth_stops_gradients(method, family):
     ids = random_ids(2, 4 * SEGMENT)
     labels = torch.full_like(ids, -100)

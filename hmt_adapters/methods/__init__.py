@@ -1,3 +1,7 @@
-"""One package per memory method; importing this package registers them all."""
+"""One package per memory method; importing this package registers every one of them."""
 
-from . import hmt, rmt  # noqa: F401  (registration side effect)
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

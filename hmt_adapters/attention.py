@@ -1,0 +1,221 @@
+"""Attention-level memory injection through transformers' attention interface (no forked modeling files).
+
+`use_memory_attention(model)` registers `memory_attention` under `hmt_memory_<impl>` (with the mask function of
+`<impl>`) and switches the backbone to it. Without a memory context the function is exactly the user's chosen
+implementation; with one (`memory_context=AttentionContext(...)` passed to the backbone call) it records each
+layer's pre-RoPE keys and values for the method's writer, and lets the layer's `MemoryRead` add memory K/V.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .runtime import MEMORY_KWARG
+
+PREFIX = "hmt_memory_"
+
+Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+# ---- RoPE helpers ---------------------------------------------------------------------------------------------
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, D]` (the backbone's own convention)."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Exact inverse of `rotate`: the pre-RoPE tensor."""
+    return x * cos[:, None] - rotate_half(x) * sin[:, None]
+
+
+# ---- masks ----------------------------------------------------------------------------------------------------
+
+
+def local_visibility(attention_mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """The layer's own mask as bool `[B|1, 1, q, k]` (True = visible); None means causal, aligned bottom-right."""
+    if attention_mask is None:
+        q = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+        return (torch.arange(k_len, device=device)[None, :] <= q)[None, None]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask == 0  # additive float mask: 0 = visible
+
+
+def delegate_mask(visible: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
+    """A bool visibility mask in the format the delegate implementation expects."""
+    if impl == "eager":
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+    return visible
+
+
+# ---- registration ---------------------------------------------------------------------------------------------
+
+
+def delegate_of(module: nn.Module) -> str:
+    """The implementation the memory function wraps for `module` (`sdpa`, `eager`, ...)."""
+    impl = module.config._attn_implementation
+    return impl[len(PREFIX) :] if impl.startswith(PREFIX) else impl
+
+
+def delegate_function(module: nn.Module, impl: str) -> Callable:
+    if impl == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward  # the family's own eager attention
+    return ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def use_memory_attention(causal_lm: nn.Module) -> str:
+    """Switch `causal_lm` to the memory attention wrapping its current implementation; returns the new name."""
+    current = causal_lm.config._attn_implementation or "eager"
+    if current.startswith(PREFIX):
+        return current
+    name = PREFIX + current
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, memory_attention)
+        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS.get(current, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        AttentionMaskInterface.register(name, mask_fn)
+    causal_lm.set_attn_implementation(name)
+    return name
+
+
+def memory_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The registered attention function: the user's implementation, plus memory where a context says so."""
+    context = kwargs.pop(MEMORY_KWARG, None)
+    impl = delegate_of(module)
+    delegate = delegate_function(module, impl)
+    if context is None:
+        return delegate(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    call = AttentionCall(module, query, key, value, attention_mask, scaling, dropout, kwargs, impl, delegate)
+    return context.attend(call)
+
+
+# ---- per call -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AttentionCall:
+    """Everything one layer's attention call received, with helpers to run it with extra memory K/V."""
+
+    module: nn.Module
+    query: torch.Tensor  # [B, Hq, q, D] (post-RoPE)
+    key: torch.Tensor  # [B, Hkv, k, D] (post-RoPE, cache included)
+    value: torch.Tensor  # [B, Hkv, k, D]
+    attention_mask: torch.Tensor | None
+    scaling: float | None
+    dropout: float
+    kwargs: dict[str, Any]
+    impl: str
+    delegate: Callable
+
+    @property
+    def layer(self) -> int:
+        return self.module.layer_idx
+
+    def run(self, key: torch.Tensor | None = None, value: torch.Tensor | None = None, visible: torch.Tensor | None = None):
+        """The delegate on (possibly extended) K/V; `visible` is a bool mask over all keys."""
+        mask = self.attention_mask if visible is None else delegate_mask(visible, self.impl, self.query.dtype)
+        impl_fn = self.delegate
+        if visible is not None and self.impl not in ("sdpa", "eager"):
+            impl_fn = ALL_ATTENTION_FUNCTIONS["sdpa"]  # kernels without arbitrary masks fall back to sdpa with memory
+        return impl_fn(
+            self.module,
+            self.query,
+            self.key if key is None else key,
+            self.value if value is None else value,
+            mask,
+            scaling=self.scaling,
+            dropout=self.dropout,
+            **self.kwargs,
+        )
+
+    def run_with_prefix(self, mem_k: torch.Tensor, mem_v: torch.Tensor, mem_visible: torch.Tensor | None = None):
+        """Attention over `[memory ; local]` in one joint softmax; memory K/V `[B, Hkv, S, D]` already rotated.
+
+        `mem_visible` `[B, 1|Hq, q, S]` bool restricts which memory entries each query sees (default: all).
+        """
+        q_len = self.query.shape[2]
+        local = local_visibility(self.attention_mask, q_len, self.key.shape[2], self.query.device)
+        B, S = self.query.shape[0], mem_k.shape[2]
+        if mem_visible is None:
+            mem_visible = torch.ones(B, 1, q_len, S, dtype=torch.bool, device=self.query.device)
+        heads = max(local.shape[1], mem_visible.shape[1])
+        local = local.expand(B, heads, q_len, local.shape[-1])
+        mem_visible = mem_visible.expand(B, heads, q_len, S)
+        visible = torch.cat([mem_visible, local], dim=-1)
+        key = torch.cat([mem_k.to(self.key.dtype), self.key], dim=2)
+        value = torch.cat([mem_v.to(self.value.dtype), self.value], dim=2)
+        return self.run(key, value, visible)
+
+
+@dataclass
+class AttentionContext:
+    """Per backbone call: what each memory layer reads, and the K/V each recorded layer saw.
+
+    `reads[i](call, context)` returns the layer's attention output; `records[i]` is `(pre-RoPE keys, values)` of
+    the tokens of this call, `[B, Hkv, q, D]` each, for layers in `record_layers`.
+    """
+
+    reads: dict[int, Callable[["AttentionCall", "AttentionContext"], Any]] = field(default_factory=dict)
+    record_layers: frozenset[int] = frozenset()
+    rotary: Rotary | None = None  # (position_ids, like) -> (cos, sin); None for families without RoPE
+    records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    calls: int = 0
+    _rope_cache: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def rope_at(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`(cos, sin)` at `position_ids` `[B, T]` (any integers, negatives included), or None without RoPE."""
+        if self.rotary is None:
+            return None
+        return self.rotary(position_ids, like)
+
+    def call_rope(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`(cos, sin)` of this call's query positions (computed once per backbone call)."""
+        position_ids = call.kwargs.get("position_ids")
+        if self.rotary is None or position_ids is None:
+            return None
+        if self._rope_cache is None or self._rope_cache[0] != id(position_ids):
+            self._rope_cache = (id(position_ids), self.rotary(position_ids, call.query))
+        return self._rope_cache[1]
+
+    def pre_rope(self, call: AttentionCall, x: torch.Tensor) -> torch.Tensor:
+        """The un-rotated version of this call's newest `x` rows (keys or queries)."""
+        rope = self.call_rope(call)
+        if rope is None:
+            return x
+        cos, sin = rope
+        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :])
+
+    def attend(self, call: AttentionCall):
+        self.calls += 1
+        layer = call.layer
+        if layer in self.record_layers:
+            q_len = call.query.shape[2]
+            self.records[layer] = (self.pre_rope(call, call.key[:, :, -q_len:]), call.value[:, :, -q_len:])
+        read = self.reads.get(layer)
+        if read is None:
+            return call.run()
+        return read(call, self)
