@@ -123,6 +123,29 @@ class BackboneAdapter:
         return rope(like, position_ids=position_ids)
 
 
+    # ---- per-layer attention access (attention-level methods) -----------------------------------------------
+
+    @property
+    def decoder_layers(self) -> list[nn.Module]:
+        """The decoder layers, in order."""
+        raise NotImplementedError(f"'{self.model_type}' exposes no decoder layers to hmt-adapters.")
+
+    def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)  # [B, T, H*D] -> [B, H, T, D]
+
+    def attention_input(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """What layer `layer`'s attention projections read, given the layer's input `hidden` `[B, T, d_model]`."""
+        raise NotImplementedError
+
+    def layer_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-RoPE keys and values `[B, Hkv, T, D]` that layer `layer` computes from its input `hidden`."""
+        raise NotImplementedError
+
+    def layer_query(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`(W_q [Hq*D, d_model], b_q or None, weight of the norm before attention or None)` of layer `layer`."""
+        raise NotImplementedError
+
+
 class RecurrentAdapter(BackboneAdapter):
     """Families without attention (state-space / RNN): memory can only enter through input embeddings."""
 
