@@ -3,6 +3,7 @@
 from . import methods  # noqa: F401  (registers every method)
 from .config import MemoryConfig
 from .methods.hmt import HMTConfig
+from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
 from .methods.unimem import UniMemConfig
 from .model import MemoryModel, wrap_with_memory
@@ -12,6 +13,7 @@ from .version import __version__
 
 __all__ = [
     "HMTConfig",
+    "MelodiConfig",
     "MemoryCausalLMOutput",
     "MemoryConfig",
     "MemoryModel",

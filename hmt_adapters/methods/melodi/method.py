@@ -1,0 +1,158 @@
+"""MELODI over a Hugging Face decoder: summary tokens, per-layer short-term memory, one long-term layer.
+
+Per window `k` (= segment; MELODI §3, spec §2.8, window-major):
+1. the window is `[x ; u]`: the tokens, then `S` summary tokens `U0` (the layout's suffix, so they carry no
+   logits and no loss, and no context token sees them: they come after every token under the causal mask);
+2. each short-term layer `l` attends `[z_{k-1}^l ; x ; u]` (`reads.short_term_read`);
+3. after each layer with mixers, a forward hook rewrites the summary slots to `T_u^l Y` and keeps
+   `z_k^l = T_z^l Y` (and, at the long-term layer, `T_m Y`) for `update`;
+4. the long-term layer blends its self-attention with a cross-attention over the FIFO (`reads.long_term_read`);
+5. `update` (only for windows that close) makes `z_k` the new short-term memory and pushes the K/V of `T_m Y` into
+   the long-term FIFO. A streaming window that is still open changes no state, so `step` == `forward`.
+
+Gradients flow through `z` and the long-term K/V across windows (MELODI App. C.1 trains 8 windows with full BPTT);
+`bptt_depth` cuts them (the runtime detaches every state tensor), which is the paper's stop-gradient between
+training segments (spec §2.6). The top memory layer has no `T_u`: the summaries it would send up are read by no
+memory layer and are discarded with the top-layer summaries (spec §2.5), so that mixer could never learn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...attention import AttentionContext
+from ...memory import learned_tokens
+from ...memory.kv import init_kv_state, push_kv
+from ...method import Layout, MemoryMethod, Segment, State
+from ...runtime import MEMORY_KWARG
+from .config import MelodiConfig
+from .mixers import average_pool, mix, pass_summaries
+from .reads import Read, long_term_read, short_term_read
+
+
+@dataclass
+class MelodiWindow(AttentionContext):
+    """The attention context of one MELODI backbone call, plus what its layer hooks produce.
+
+    `owner` marks the method whose hooks act on this call; `token_mask` `[B, W']` covers the window's token slots;
+    `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run.
+    """
+
+    owner: nn.Module | None = None
+    token_mask: torch.Tensor | None = None
+    short_term: dict[int, torch.Tensor] = field(default_factory=dict)
+    long_term: torch.Tensor | None = None
+
+
+class Melodi(MemoryMethod):
+    """MELODI: hierarchical short-term (recurrent, every chosen layer) and long-term (FIFO, one layer) compression."""
+
+    config_class = MelodiConfig
+    needs_attention = True
+
+    def __init__(self, config: MelodiConfig, backbone):
+        super().__init__(config, backbone)
+        n = backbone.num_layers
+        short = tuple(range(n)) if config.short_term_layers is None else tuple(sorted(set(config.short_term_layers)))
+        long = n // 2 if config.long_term_layer is None else config.long_term_layer
+        bad = [i for i in (*short, long) if i >= n]
+        if bad:
+            raise ValueError(
+                f"`short_term_layers` and `long_term_layer` must lie in [0, {n - 1}] for this {n}-layer backbone, "
+                f"got {sorted(set(bad))}."
+            )
+        self.short_term_layers: tuple[int, ...] = short if config.use_short_term else ()
+        self.long_term_layer: int | None = long if config.use_long_term else None
+        window, s = config.segment_length, config.summary_tokens
+        top = max((*self.short_term_layers, -1 if self.long_term_layer is None else self.long_term_layer))
+        # U0 (MELODI §3.2 "learnable embeddings"), at the scale of the token embeddings (init not in the paper)
+        self.summary_embeddings = learned_tokens(s, backbone.embed_dim, backbone.embedding_std())
+        self.mixer_up = nn.ParameterDict(
+            {str(i): nn.Parameter(pass_summaries(s, window)) for i in self.short_term_layers if i < top}
+        )  # T_u^l
+        self.mixer_memory = nn.ParameterDict(
+            {str(i): nn.Parameter(pass_summaries(s, window)) for i in self.short_term_layers}
+        )  # T_z^l
+        if self.long_term_layer is not None:
+            self.mixer_long_term = nn.Parameter(average_pool(config.long_term_tokens, window, s))  # T_m
+            beta = math.log(config.gate_init / (1.0 - config.gate_init))
+            self.gate = nn.Parameter(torch.full((backbone.num_heads,), beta))  # alpha_h = sigmoid(beta_h)
+        hooked = {*map(int, self.mixer_up), *map(int, self.mixer_memory)}
+        if self.long_term_layer is not None:
+            hooked.add(self.long_term_layer)
+        layers = backbone.decoder_layers
+        for i in sorted(hooked):
+            layers[i].register_forward_hook(self._after_layer(i), with_kwargs=True)
+
+    def window_slots(self) -> int:
+        return self.config.summary_tokens
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
+        b, s = self.backbone, self.config.summary_tokens
+        state: State = {}
+        if self.long_term_layer is not None:
+            capacity = self.config.long_term_tokens * self.config.long_term_windows
+            state.update(init_kv_state(batch_size, (self.long_term_layer,), b.num_kv_heads, b.head_dim, capacity, device, dtype))
+        if self.short_term_layers:
+            state["z_valid"] = torch.zeros(batch_size, dtype=torch.bool, device=device)
+            for i in self.short_term_layers:
+                state[f"z.{i}"] = torch.zeros(batch_size, s, b.config.hidden_size, device=device, dtype=dtype)
+        return state
+
+    # ---- per window ---------------------------------------------------------------------------------------------
+
+    def prepare(self, segment: Segment, state: State, plan: Any) -> Layout:
+        batch = segment.ids.shape[0]
+        reads: dict[int, Read] = {}
+        if self.short_term_layers and bool(state["z_valid"].any()):  # window 1: no prefix at all (exactly the base)
+            for i in self.short_term_layers:
+                reads[i] = short_term_read(self.backbone, i, state[f"z.{i}"], state["z_valid"])
+        m = self.long_term_layer
+        if m is not None and bool(state["valid"].any()):
+            reads[m] = long_term_read(reads.get(m), state[f"k.{m}"], state[f"v.{m}"], state["valid"], self.gate)
+        context = MelodiWindow(reads=reads, rotary=self.backbone.rotary, owner=self, token_mask=segment.mask)
+        summaries = self.summary_embeddings.unsqueeze(0).expand(batch, -1, -1).to(segment.embeds.dtype)
+        ones = segment.mask.new_ones(batch, summaries.shape[1])
+        return Layout(suffix=summaries, suffix_mask=ones, attention=context)
+
+    def _after_layer(self, layer: int):
+        """The forward hook of decoder layer `layer`: summary branching (MELODI §3.2, Fig. 2) on this method's calls."""
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            window = kwargs.get(MEMORY_KWARG)
+            if not isinstance(window, MelodiWindow) or window.owner is not self:
+                return None  # another method's call, or memory disabled: the layer is untouched
+            hidden = output[0] if isinstance(output, tuple) else output
+            mask, key = window.token_mask, str(layer)
+            if key in self.mixer_memory:
+                window.short_term[layer] = mix(self.mixer_memory[key], hidden, mask)
+            if layer == self.long_term_layer:
+                window.long_term = mix(self.mixer_long_term, hidden, mask)
+            if key in self.mixer_up:
+                up = mix(self.mixer_up[key], hidden, mask)
+                hidden = torch.cat([hidden[:, : mask.shape[1]], up], dim=1)
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        return hook
+
+    def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
+        window: MelodiWindow = layout.attention
+        new = dict(state)
+        for i in self.short_term_layers:
+            new[f"z.{i}"] = window.short_term[i].to(state[f"z.{i}"].dtype)
+        if self.short_term_layers:
+            new["z_valid"] = torch.ones_like(state["z_valid"])
+        m = self.long_term_layer
+        if m is not None:
+            # K/V of the long-term tokens from layer M's own norm and projections, computed once at store time
+            # (spec §2.4.3); stored pre-RoPE and read position-free
+            keys, values = self.backbone.layer_kv(m, window.long_term)
+            real = segment.mask.new_ones(keys.shape[0], keys.shape[2])
+            store = {name: state[name] for name in ("pos", "valid", "seen", f"k.{m}", f"v.{m}")}
+            new.update(push_kv(store, {m: (keys, values)}, real))
+        return new
