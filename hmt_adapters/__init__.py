@@ -2,6 +2,7 @@
 
 from . import methods  # noqa: F401  (registers every method)
 from .config import MemoryConfig
+from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig
 from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
@@ -12,6 +13,7 @@ from .registry import available_methods, register_method
 from .version import __version__
 
 __all__ = [
+    "ElasticMemoryConfig",
     "HMTConfig",
     "MelodiConfig",
     "MemoryCausalLMOutput",

@@ -13,6 +13,7 @@ METHOD_CASES: dict[str, dict] = {
     "rmt": dict(num_memory_tokens=2),
     "hmt": dict(sensory_length=3, memory_window=4, retrieval_dim=16),
     "transformer_xl": dict(memory_size=12),
+    "elastic": dict(hippo_order=8, memory_tokens=6),
     "melodi": dict(summary_length=4, long_term_length=2, long_term_windows=3),
 }
 
