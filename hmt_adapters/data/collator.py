@@ -1,0 +1,58 @@
+"""`WindowCollator`: pad windows of token ids per batch for a `MemoryModel` under the HF `Trainer`.
+
+`DataCollatorForLanguageModeling` needs a tokenizer and masks every pad-token id in the labels, which drops the EOS
+targets of models whose pad token is their EOS token; this collator masks padding *positions* instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class WindowCollator:
+    """Right-pad `input_ids` (and `labels`, when rows carry them) to the longest row of the batch.
+
+    Args:
+        pad_token_id: id written into padding positions (never a target: labels there are -100).
+        min_length: rows with fewer tokens are an error (e.g. `segment_length`: a shorter window trains no memory).
+        return_logits: passed to the model; False (the default) keeps `[B, T, V]` logits out of training memory.
+    """
+
+    pad_token_id: int = 0
+    min_length: int = 1
+    return_logits: bool = False
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        ids = [self._row_ids(n, row) for n, row in enumerate(rows)]
+        labels = [torch.as_tensor(row["labels"], dtype=torch.long) if "labels" in row else i for row, i in zip(rows, ids)]
+        for n, (i, lab) in enumerate(zip(ids, labels)):
+            if lab.shape != i.shape:
+                raise ValueError(f"Row {n}: `labels` has {lab.numel()} entries but `input_ids` has {i.numel()}.")
+        length = max(i.numel() for i in ids)
+        batch_ids = torch.full((len(ids), length), self.pad_token_id, dtype=torch.long)
+        batch_labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(ids), length), dtype=torch.long)
+        for n, (i, lab) in enumerate(zip(ids, labels)):
+            batch_ids[n, : i.numel()], batch_labels[n, : i.numel()], mask[n, : i.numel()] = i, lab, 1
+        return {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels, "return_logits": self.return_logits}
+
+    def _row_ids(self, n: int, row: Mapping[str, Any]) -> torch.Tensor:
+        if "input_ids" not in row:
+            raise ValueError(
+                f"Row {n} has no `input_ids` (keys: {sorted(row)}); tokenize the documents first "
+                "(`hmt_adapters.data.tokenize_documents` then `make_windows`)."
+            )
+        ids = torch.as_tensor(row["input_ids"], dtype=torch.long)
+        if ids.dim() != 1 or ids.numel() < self.min_length:
+            raise ValueError(
+                f"Row {n} has {ids.numel()} tokens (shape {tuple(ids.shape)}); a window needs a flat list of at least "
+                f"{self.min_length} tokens (one segment)."
+            )
+        return ids

