@@ -7,7 +7,9 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.attention import AttentionCall
+from hmt_adapters.method import Segment
 from hmt_adapters.methods.melodi.mixers import average_pool, mix, pass_summaries
+from hmt_adapters.runtime import MEMORY_KWARG
 from tiny import random_ids, tiny_backbone
 
 W, S, L, Q = 8, 4, 2, 3
@@ -66,6 +68,19 @@ def test_wrapping_leaves_the_backbone_alone_outside_memory_calls():
     for s in range(0, ids.shape[1], W):
         with torch.no_grad():
             torch.testing.assert_close(out[:, s : s + W], base(input_ids=ids[:, s : s + W]).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_mixers_act_only_on_whole_windows_of_this_methods_calls():
+    model = melodi().eval()
+    perturb(model)
+    ids = random_ids(2, W)
+    segment = Segment(ids, torch.ones_like(ids), 0, model.adapter.embed(ids))
+    layout = model.memory.prepare(segment, model.init_memory(2).tensors, None)
+    with torch.no_grad():  # the tokens without their summary slots (as an open window is decoded)
+        hidden = model.adapter.body(segment.embeds, segment.mask, **{MEMORY_KWARG: layout.attention})
+        plain = model.adapter.body(segment.embeds, segment.mask)
+    torch.testing.assert_close(hidden, plain, atol=0, rtol=0)
+    assert not layout.attention.short_term and layout.attention.long_term is None
 
 
 def test_both_memories_reach_attention_in_every_later_window(monkeypatch):

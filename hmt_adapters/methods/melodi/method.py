@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...attention import AttentionContext
+from ...attention import AttentionCall, AttentionContext
 from ...memory import learned_tokens
 from ...memory.kv import init_kv_state, push_kv
 from ...method import Layout, MemoryMethod, Segment, State
@@ -40,13 +40,20 @@ class MelodiWindow(AttentionContext):
     """The attention context of one MELODI backbone call, plus what its layer hooks produce.
 
     `owner` marks the method whose hooks act on this call; `token_mask` `[B, W']` covers the window's token slots;
-    `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run.
+    `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run. `cached` says
+    whether the latest attention call continued a KV cache (token-by-token decoding of an open window, which has
+    no summary slots: the mixers run when the whole window is read, spec §2.7).
     """
 
     owner: nn.Module | None = None
     token_mask: torch.Tensor | None = None
     short_term: dict[int, torch.Tensor] = field(default_factory=dict)
     long_term: torch.Tensor | None = None
+    cached: bool = False
+
+    def attend(self, call: AttentionCall):
+        self.cached = call.key.shape[2] != call.query.shape[2]
+        return super().attend(call)
 
 
 class Melodi(MemoryMethod):
@@ -114,7 +121,10 @@ class Melodi(MemoryMethod):
                 reads[i] = short_term_read(self.backbone, i, state[f"z.{i}"], state["z_valid"])
         m = self.long_term_layer
         if m is not None and bool(state["valid"].any()):
-            reads[m] = long_term_read(reads.get(m), state[f"k.{m}"], state[f"v.{m}"], state["valid"], self.gate)
+            # entries are right-aligned: skip the slots no row has filled yet (the store is preallocated)
+            start = int(state["valid"].any(0).long().argmax())
+            keys, values = state[f"k.{m}"][:, :, start:], state[f"v.{m}"][:, :, start:]
+            reads[m] = long_term_read(reads.get(m), keys, values, state["valid"][:, start:], self.gate)
         context = MelodiWindow(reads=reads, rotary=self.backbone.rotary, owner=self, token_mask=segment.mask)
         summaries = self.summary_embeddings.unsqueeze(0).expand(batch, -1, -1).to(segment.embeds.dtype)
         ones = segment.mask.new_ones(batch, summaries.shape[1])
@@ -128,17 +138,31 @@ class Melodi(MemoryMethod):
             if not isinstance(window, MelodiWindow) or window.owner is not self:
                 return None  # another method's call, or memory disabled: the layer is untouched
             hidden = output[0] if isinstance(output, tuple) else output
-            mask, key = window.token_mask, str(layer)
-            if key in self.mixer_memory:
-                window.short_term[layer] = mix(self.mixer_memory[key], hidden, mask)
-            if layer == self.long_term_layer:
-                window.long_term = mix(self.mixer_long_term, hidden, mask)
-            if key in self.mixer_up:
-                up = mix(self.mixer_up[key], hidden, mask)
-                hidden = torch.cat([hidden[:, : mask.shape[1]], up], dim=1)
+            if window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
+                return None  # not a whole window `[tokens ; summaries]`
+            mixers = self._mixers_of(layer)
+            mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
+            outputs = dict(zip(mixers, mixed.split([w.shape[0] for w in mixers.values()], dim=1)))
+            if "memory" in outputs:
+                window.short_term[layer] = outputs["memory"]
+            if "long_term" in outputs:
+                window.long_term = outputs["long_term"]
+            if "up" in outputs:
+                hidden = torch.cat([hidden[:, : window.token_mask.shape[1]], outputs["up"]], dim=1)
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
         return hook
+
+    def _mixers_of(self, layer: int) -> dict[str, torch.Tensor]:
+        """The token mixers after decoder layer `layer`, by role (`memory` T_z, `long_term` T_m, `up` T_u)."""
+        key, mixers = str(layer), {}
+        if key in self.mixer_memory:
+            mixers["memory"] = self.mixer_memory[key]
+        if layer == self.long_term_layer:
+            mixers["long_term"] = self.mixer_long_term
+        if key in self.mixer_up:
+            mixers["up"] = self.mixer_up[key]
+        return mixers
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         window: MelodiWindow = layout.attention

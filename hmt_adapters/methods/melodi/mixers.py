@@ -14,13 +14,15 @@ def mix(weight: torch.Tensor, hidden: torch.Tensor, token_mask: torch.Tensor) ->
 
     Column `j < W` belongs to token slot `j`, column `W + i` to summary `i`. A shorter (final or still open) window
     uses the first `W'` token columns, which is padding it to `W` with zero-weight columns; padded slots
-    (`token_mask` `[B, W']` = 0) contribute nothing.
+    (`token_mask` `[B, W']` = 0) contribute nothing. Several mixers of one layer stack along `out` into one matmul.
     """
     slots = token_mask.shape[1]
-    window = weight.shape[1] - (hidden.shape[1] - slots)  # W: the first summary column
-    tokens = hidden[:, :slots] * token_mask[..., None].to(hidden.dtype)
-    out = torch.einsum("ot,btd->bod", weight[:, :slots].to(hidden.dtype), tokens)
-    return out + torch.einsum("os,bsd->bod", weight[:, window:].to(hidden.dtype), hidden[:, slots:])
+    summaries = hidden.shape[1] - slots
+    window = weight.shape[1] - summaries
+    if slots < window:
+        weight = torch.cat([weight[:, :slots], weight[:, window:]], dim=1)
+    keep = torch.cat([token_mask.to(hidden.dtype), token_mask.new_ones(token_mask.shape[0], summaries, dtype=hidden.dtype)], 1)
+    return torch.matmul(weight.to(hidden.dtype), hidden * keep[..., None])
 
 
 def pass_summaries(summaries: int, window: int) -> torch.Tensor:
