@@ -166,17 +166,25 @@ class HiPPOLegS:
         self.discretization = discretization
         self.dtype = dtype
         self.cache = TensorCache(cache_bytes)
+        self._AB: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __repr__(self) -> str:
         return f"HiPPOLegS(N={self.N}, discretization={self.discretization!r})"
 
     @property
     def A(self) -> torch.Tensor:
-        return legs_matrices(self.N)[0]
+        """LegS `A` `[N, N]`, float64."""
+        return self._legs()[0]
 
     @property
     def B(self) -> torch.Tensor:
-        return legs_matrices(self.N)[1]
+        """LegS `B` `[N]`, float64."""
+        return self._legs()[1]
+
+    def _legs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._AB is None:
+            self._AB = legs_matrices(self.N)  # built on first use: 600 MB at N = 8640, which ZOH never needs
+        return self._AB
 
     # ---- block matrices ---------------------------------------------------------------------------------------
 
@@ -212,29 +220,28 @@ class HiPPOLegS:
         P, K = self._gbt_block(start, end)
         return {"P": P.to(self.dtype), "K": K.to(self.dtype)}
 
-    def _gbt_step_matrices(self, k: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """`(I + aA/t, I - (1-a)A/t, 1/t)` at token `k` (`t = k + 1`), for the generalised bilinear transform."""
+    def _gbt_step_matrices(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """`(I + aA/t, I - (1-a)A/t, 1/t)` at token `k` (`t = k + 1`) of the generalised bilinear transform.
+
+        numpy float64: the GBT paths run thousands of tiny matrix operations, where a threaded torch call costs
+        more than the work.
+        """
         a = _GBT[self.discretization]
-        A, _ = legs_matrices(self.N)
-        eye = torch.eye(self.N, dtype=_F64)
+        A = self.A.numpy()
+        eye = np.eye(self.N)
         t = k + 1
         return eye + (a / t) * A, eye - ((1 - a) / t) * A, 1.0 / t
 
     def _gbt_block(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block `(P, K)` of a GBT discretisation by backward accumulation of the per-token matrices (Eq. 26-27).
-
-        Runs in numpy: thousands of tiny float64 matmuls, where a threaded BLAS call costs more than the work.
-        """
-        A, B = (m.numpy() for m in legs_matrices(self.N))
-        a = _GBT[self.discretization]
-        eye = np.eye(self.N)
-        acc = eye.copy()  # product of the token transitions after the current token
+        """Block `(P, K)` of a GBT discretisation by backward accumulation of the per-token matrices (Eq. 26-27)."""
+        B = self.B.numpy()
+        acc = np.eye(self.N)  # product of the token transitions after the current token
         K = np.empty((self.N, end - start))
         for k in range(end - 1, start - 1, -1):
-            t = k + 1
-            solved = np.linalg.solve((eye + (a / t) * A).T, acc.T).T  # acc @ (I + aA/t)^-1
-            K[:, k - start] = (solved @ B) / t
-            acc = solved - ((1 - a) / t) * (solved @ A)
+            implicit, explicit, dt = self._gbt_step_matrices(k)
+            solved = np.linalg.solve(implicit.T, acc.T).T  # acc @ (I + aA/t)^-1
+            K[:, k - start] = dt * (solved @ B)
+            acc = solved @ explicit
         return torch.from_numpy(acc), torch.from_numpy(K)
 
     # ---- signals ----------------------------------------------------------------------------------------------
@@ -252,15 +259,17 @@ class HiPPOLegS:
         """Token recurrence `c_k = A_k c_{k-1} + B_k f_k` (Eq. 4) for token `k`, `c` `[..., N]`, `f_k` `[...]`.
 
         The reference the block update is tested against; ZOH uses its closed-form `A_k = (k/(k+1))^A` and
-        `B_k = A^-1 (I - A_k) B` (Eq. 22, 25), the others `c_k = (I + aA/t)^-1 [(I - (1-a)A/t) c + B f_k / t]`.
+        `B_k = A^-1 (I - A_k) B` (Eq. 22, 25), the others `c_k = (I + aA/t)^-1 [(I - (1-a)A/t) c + B f_k / t]`
+        (computed in numpy float64, without autograd).
         """
         self._check_state(c)
         if self.discretization == "zoh":
             return self.update(c, f_k[..., None], k)
         implicit, explicit, dt = self._gbt_step_matrices(k)
-        _, B = legs_matrices(self.N)
-        rhs = c.to(_F64) @ explicit.T + dt * f_k.to(_F64)[..., None] * B
-        return torch.linalg.solve_triangular(implicit, rhs.unsqueeze(-1), upper=False).squeeze(-1).to(c.dtype)
+        state = c.detach().to(_F64).reshape(-1, self.N).numpy()
+        rhs = state @ explicit.T + dt * f_k.detach().to(_F64).reshape(-1, 1).numpy() * self.B.numpy()
+        out = np.linalg.solve(implicit, rhs.T).T
+        return torch.from_numpy(out).reshape(c.shape).to(c)
 
     def compress(self, f: torch.Tensor) -> torch.Tensor:
         """The state `[..., N]` after reading the signal `f` `[..., T]` from an empty memory."""
