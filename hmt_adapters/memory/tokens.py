@@ -1,9 +1,12 @@
-"""Input-level memory stores: token-id tails (sensory memory) and FIFO buffers of memory embeddings."""
+"""Input-level memory stores: token-id tails (sensory memory), FIFO buffers of memory embeddings and RMT's
+recurrent memory tokens."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ..method import Layout, State
 
 
 def learned_tokens(count: int, dim: int, std: float) -> nn.Parameter:
@@ -45,3 +48,34 @@ def newest_or_init(buffer: torch.Tensor, valid: torch.Tensor, init: torch.Tensor
     newest = buffer[:, -count:]
     has = valid[:, -1].view(-1, 1, 1)
     return torch.where(has, newest, init.to(buffer.dtype).unsqueeze(0).expand_as(newest))
+
+
+class RecurrentTokens:
+    """RMT's token bank (UniMem "model-forward" writing): `count` slots read before the segment and written after.
+
+    The final hidden states at the write slots become the next segment's read and write slots; a row without a
+    previous segment uses the learned `init` `[count, d]`. State: `memory` `[B, count, d]`, `memory_valid` `[B, 1]`.
+    """
+
+    def __init__(self, count: int, dim: int):
+        self.count = count
+        self.dim = dim
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
+        return {
+            "memory": torch.zeros(batch_size, self.count, self.dim, device=device, dtype=dtype),
+            "memory_valid": torch.zeros(batch_size, 1, device=device, dtype=torch.bool),
+        }
+
+    def layout(self, state: State, init: torch.Tensor, mask: torch.Tensor) -> Layout:
+        """`[memory ; segment ; memory]`: the same tokens in the read and the write slots."""
+        memory = newest_or_init(state["memory"], state["memory_valid"], init, self.count)
+        ones = mask.new_ones(memory.shape[:2])
+        return Layout(prefix=memory, prefix_mask=ones, suffix=memory, suffix_mask=ones)
+
+    def write(self, state: State, hidden: torch.Tensor) -> State:
+        """The bank after a segment whose window ends with the write slots (`hidden` `[B, W, d]`)."""
+        return {
+            "memory": hidden[:, -self.count :].to(state["memory"].dtype),
+            "memory_valid": torch.ones_like(state["memory_valid"]),
+        }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...memory import learned_tokens, newest_or_init
+from ...memory import RecurrentTokens, learned_tokens
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import RMTConfig
 
@@ -17,27 +17,21 @@ class RMT(MemoryMethod):
     def __init__(self, config: RMTConfig, backbone):
         super().__init__(config, backbone)
         m = config.num_memory_tokens
+        self.tokens = RecurrentTokens(m, backbone.embed_dim)
         self.memory_init = learned_tokens(m, backbone.embed_dim, backbone.embedding_std()) if m else None
 
     def window_slots(self) -> int:
         return 2 * self.config.num_memory_tokens
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
-        m = self.config.num_memory_tokens
-        return {
-            "memory": torch.zeros(batch_size, m, self.backbone.embed_dim, device=device, dtype=dtype),
-            "memory_valid": torch.zeros(batch_size, 1, device=device, dtype=torch.bool),
-        }
+        return self.tokens.init_state(batch_size, device, dtype)
 
     def prepare(self, segment: Segment, state: State, plan) -> Layout:
         if self.memory_init is None:
             return Layout()
-        memory = newest_or_init(state["memory"], state["memory_valid"], self.memory_init, self.config.num_memory_tokens)
-        ones = segment.mask.new_ones(memory.shape[:2])
-        return Layout(prefix=memory, prefix_mask=ones, suffix=memory, suffix_mask=ones)
+        return self.tokens.layout(state, self.memory_init, segment.mask)
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         if self.memory_init is None:
             return state
-        m = self.config.num_memory_tokens
-        return {"memory": hidden[:, -m:].to(state["memory"].dtype), "memory_valid": torch.ones_like(state["memory_valid"])}
+        return self.tokens.write(state, hidden)
