@@ -1,0 +1,103 @@
+"""Attention over `[memory ; local]` keys: UniMem's injection step (spec unimem.md §9.5).
+
+A reader hands the layer a `MemoryRead`: entries shared by all queries of the segment (`k`, `v`, `visible`) and,
+for similarity reading, entries retrieved per query (`pq_*`). `attend_memory` runs them with the local keys in one
+joint softmax, through the user's attention kernel when it can express the read (a K/V prefix with a mask, key/value
+heads), else through `joint_attention` here; or, with a gate, mixes memory-only and local-only attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import AttentionCall, local_visibility
+
+
+@dataclass
+class MemoryRead:
+    """What one memory layer's queries attend to besides their local keys, for one segment."""
+
+    k: torch.Tensor  # [B, Hr, S, D] keys as the attention sees them (rotated), Hr = key/value or query heads
+    v: torch.Tensor  # [B, Hr, S, D]
+    visible: torch.Tensor  # [B, 1|Hr|Hq, 1|q, S] bool
+    pq_logits: torch.Tensor | None = None  # [B, Hq, q, K] scaled logits of entries retrieved per query
+    pq_v: torch.Tensor | None = None  # [B, Hq, q, K, D]
+    pq_visible: torch.Tensor | None = None  # [B, Hq, q, K] bool
+
+
+def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat dim 1 of `x` up to `heads` (query head h reads key/value head h // group, as HF's `repeat_kv`)."""
+    if x.shape[1] in (1, heads):
+        return x
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | None = None):
+    """The layer's attention output `([B, q, Hq, D], None)` with `read` joined to its local keys.
+
+    `gate` (the memory weight alpha in [0, 1], broadcastable to `[B, Hq, q, 1]`) switches from the joint softmax to
+    `alpha * Attn_mem + (1 - alpha) * Attn_local`.
+    """
+    heads = call.query.shape[1]
+    if gate is None and read.pq_logits is None and read.k.shape[1] == call.key.shape[1]:
+        return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
+    q_len = call.query.shape[2]
+    local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
+    scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
+    out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _masked(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    return logits.float().masked_fill(~visible, torch.finfo(torch.float32).min)
+
+
+def joint_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    local_visible: torch.Tensor,
+    read: MemoryRead,
+    scaling: float,
+    dropout: float = 0.0,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`[B, Hq, q, D]`: softmax over `[per-query ; shared memory ; local]` logits (fp32), or the gated mix.
+
+    `query` `[B, Hq, q, D]` and local `key`/`value` `[B, Hkv, k, D]` are post-RoPE; `local_visible` is the layer's
+    own mask as bool `[B|1, 1|Hq, q, k]`. A query without any visible memory entry gets local attention only
+    under the gate (its memory softmax would be empty).
+    """
+    heads = query.shape[1]
+    k_loc, v_loc = expand_heads(key, heads), expand_heads(value, heads)
+    k_mem, v_mem = expand_heads(read.k, heads).to(query.dtype), expand_heads(read.v, heads).to(query.dtype)
+    mem_visible = expand_heads(read.visible, heads)
+    s_loc = _masked(query @ k_loc.transpose(-1, -2) * scaling, local_visible)
+    s_mem = [_masked(query @ k_mem.transpose(-1, -2) * scaling, mem_visible)]
+    v_parts = [v_mem]
+    mem_any = mem_visible.any(-1, keepdim=True)
+    if read.pq_logits is not None:
+        s_mem.insert(0, _masked(read.pq_logits, read.pq_visible))
+        v_parts.insert(0, read.pq_v.to(query.dtype))
+        mem_any = mem_any | read.pq_visible.any(-1, keepdim=True)
+
+    def weighted(probs: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+        probs = F.dropout(probs, p=dropout).to(query.dtype)
+        out, start = 0, 0
+        for v in values:
+            width = v.shape[-2]  # S entries ([B, H, S, D]) or K per query ([B, H, q, K, D])
+            p = probs[..., start : start + width]
+            out = out + (p @ v if v.dim() == 4 else torch.einsum("bhqk,bhqkd->bhqd", p, v))
+            start += width
+        return out
+
+    if gate is None:
+        probs = torch.softmax(torch.cat(s_mem + [s_loc], dim=-1), dim=-1)
+        return weighted(probs, v_parts + [v_loc])
+    mem_out = weighted(torch.softmax(torch.cat(s_mem, dim=-1), dim=-1), v_parts)
+    loc_out = weighted(torch.softmax(s_loc, dim=-1), [v_loc])
+    alpha = torch.where(mem_any, gate.to(query.dtype), torch.zeros((), dtype=query.dtype))
+    return alpha * mem_out + (1 - alpha) * loc_out
