@@ -6,7 +6,7 @@ from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig
 from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
-from .methods.unimem import UniMemConfig
+from .methods.unimem import TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .outputs import MemoryCausalLMOutput, MemoryState
 from .registry import available_methods, register_method
@@ -21,6 +21,7 @@ __all__ = [
     "MemoryModel",
     "MemoryState",
     "RMTConfig",
+    "TRAMSConfig",
     "UniMemConfig",
     "__version__",
     "available_methods",

@@ -13,6 +13,9 @@ METHOD_CASES: dict[str, dict] = {
     "rmt": dict(num_memory_tokens=2),
     "hmt": dict(sensory_length=3, memory_window=4, retrieval_dim=16),
     "transformer_xl": dict(memory_size=12),
+    "trams": dict(memory_size=16, select_size=8),  # recent_keep 6 + top 2 of the older 10
+    "memorizing_transformer": dict(memory_size=24, topk=4),
+    "unimix": dict(memory_size=24, window=4, global_tokens=2, topk=2, memory_tokens=2),
     "elastic": dict(hippo_order=8, memory_tokens=6),
     "melodi": dict(summary_length=4, long_term_length=2, long_term_windows=3),
 }

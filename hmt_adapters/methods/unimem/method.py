@@ -1,64 +1,90 @@
-"""UniMem-style K/V memory: direct writing of pre-RoPE keys/values, FIFO management, reading and injection in
-chosen layers through the patched attention (UniMem §2-3, spec §9)."""
+"""UniMem-style K/V memory (UniMem §2-3, spec §9): FIFO management, direct writing of pre-RoPE keys/values, a reading
+rule, injection in chosen layers through the patched attention, and optionally RMT tokens at the input (UniMix)."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from ...attention import AttentionCall, AttentionContext, rotate
+from ...attention import AttentionCall, AttentionContext
+from ...memory import RecurrentTokens, learned_tokens
+from ...memory.attend import MemoryRead, attend_memory
 from ...memory.kv import init_kv_state, push_kv
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import UniMemConfig
+from .reading import SegmentFrame, read_all, read_trams, read_union
 
 
 class UniMem(MemoryMethod):
-    """Past keys/values of chosen layers, prepended to those layers' keys/values in one joint softmax."""
+    """Past keys/values of chosen layers, read by the configured rule and joined to those layers' local keys."""
 
     config_class = UniMemConfig
     needs_attention = True
 
     def __init__(self, config: UniMemConfig, backbone):
         super().__init__(config, backbone)
+        self.settings = config.settings()
         n = backbone.num_layers
-        layers = tuple(range(n)) if config.memory_layers is None else tuple(config.memory_layers)
+        layers = self.settings.layers(n) if config.memory_layers is None else tuple(config.memory_layers)
         bad = [i for i in layers if i >= n]
         if bad:
             raise ValueError(f"`memory_layers` must lie in [0, {n - 1}] for this {n}-layer backbone, got {bad}.")
         self.layers = tuple(sorted(set(layers)))
+        m = self.settings.memory_tokens
+        self.tokens = RecurrentTokens(m, backbone.embed_dim) if m else None
+        self.memory_init = learned_tokens(m, backbone.embed_dim, backbone.embedding_std()) if m else None
+        # Original Memorizing Transformer gate: alpha_h = sigmoid(theta_h) per memory layer and query head; 0 = 1/2.
+        gated = config.combine == "gated"
+        self.gate = nn.Parameter(torch.zeros(len(self.layers), backbone.num_heads)) if gated else None
+
+    def window_slots(self) -> int:
+        return 2 * self.settings.memory_tokens
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
-        b = self.backbone
-        return init_kv_state(batch_size, self.layers, b.num_kv_heads, b.head_dim, self.config.memory_size, device, dtype)
+        b, size = self.backbone, self.settings.memory_size
+        state = init_kv_state(batch_size, self.layers, b.num_kv_heads, b.head_dim, size, device, dtype)
+        if self.tokens is not None:
+            state.update(self.tokens.init_state(batch_size, device, dtype))
+        return state
 
-    def key_positions(self, state: State, prefix_real: torch.Tensor) -> torch.Tensor | None:
-        """Window positions at which stored keys are rotated, `[B, M]` (None: keys used as stored)."""
-        scheme = self.config.positions
-        if scheme == "pos0":
-            return None
-        if scheme == "compact":
-            capacity = state["valid"].shape[1]
-            return prefix_real[:, None] - capacity + torch.arange(capacity, device=prefix_real.device)[None]
-        return state["pos"] + (prefix_real - state["seen"])[:, None]  # original stream distances
+    def read(
+        self, layer: int, state: State, frame: SegmentFrame, call: AttentionCall, context: AttentionContext
+    ) -> MemoryRead:
+        """What layer `layer`'s queries of this call read from its store (the configured reading rule)."""
+        s, k, v = self.settings, state[f"k.{layer}"], state[f"v.{layer}"]
+        if s.reading == "all":
+            return read_all(k, v, frame, call, context)
+        if s.reading == "trams":
+            w_q, _, norm = self.backbone.layer_query(layer)
+            weights = (w_q, norm if self.config.fold_norm_weight else None)
+            rule = (s.select_size, s.recent_keep, self.config.select_score, self.config.select_per)
+            return read_trams(k, v, frame, call, context, weights, *rule)
+        window = s.window if s.reading in ("window", "union") else 0
+        global_tokens = s.global_tokens if s.reading in ("global", "union") else 0
+        topk = s.topk if s.reading in ("topk", "union") else 0
+        return read_union(k, v, frame, call, context, window, global_tokens, topk)
+
+    def _attend(self, layer: int, state: State, frame: SegmentFrame):
+        """The layer's attention with memory: its read joined to the local keys (gated or one joint softmax)."""
+        gate = None
+        if self.gate is not None:
+            gate = torch.sigmoid(self.gate[self.layers.index(layer)])[None, :, None, None]
+
+        def attend(call: AttentionCall, context: AttentionContext):
+            return attend_memory(call, self.read(layer, state, frame, call, context), gate)
+
+        return attend
 
     def prepare(self, segment: Segment, state: State, plan) -> Layout:
-        prefix_real = torch.zeros(segment.ids.shape[0], dtype=torch.long, device=segment.ids.device)
-        key_pos = self.key_positions(state, prefix_real)
-        visible = state["valid"][:, None, None, :]  # [B, 1, 1, M]
-
-        def read(layer: int):
-            def attend(call: AttentionCall, context: AttentionContext):
-                k, v = state[f"k.{layer}"], state[f"v.{layer}"]
-                rope = None if key_pos is None else context.rope_at(key_pos, call.query)
-                if rope is not None:
-                    k = rotate(k, *rope)
-                return call.run_with_prefix(k, v, visible)
-
-            return attend
-
-        context = AttentionContext(
-            reads={i: read(i) for i in self.layers}, record_layers=frozenset(self.layers), rotary=self.backbone.rotary
+        layout = Layout() if self.tokens is None else self.tokens.layout(state, self.memory_init, segment.mask)
+        positions = self.settings.positions
+        frame = SegmentFrame(state["pos"], state["valid"], state["seen"], layout.prefix_length, positions)
+        layout.attention = AttentionContext(
+            reads={i: self._attend(i, state, frame) for i in self.layers},
+            record_layers=frozenset(self.layers),
+            rotary=self.backbone.rotary,
         )
-        return Layout(attention=context)
+        return layout
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         start, length = layout.prefix_length, segment.ids.shape[1]
@@ -67,4 +93,7 @@ class UniMem(MemoryMethod):
             k, v = layout.attention.records[i]
             k, v = k[:, :, start : start + length], v[:, :, start : start + length]
             new[i] = (k.detach(), v.detach()) if self.config.detach_memory else (k, v)
-        return push_kv(state, new, segment.mask)
+        out = push_kv(state, new, segment.mask)
+        if self.tokens is not None:
+            out.update(self.tokens.write(state, hidden))
+        return out

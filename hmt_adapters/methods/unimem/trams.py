@@ -1,0 +1,71 @@
+"""TRAMS' query-independent memory selection (Yu et al. 2023; spec trams.md §3.4, §3.5, §5.2-5.4).
+
+The reformulated key of pool token j for query head h is `K'_{j,h} = W_{q,h}^T k_j` (in R^D), so that
+`q_{i,h} . k_j = x_i . K'_{j,h}`. Its norm and its coordinate sum rank the pool without any query. Both are computed
+exactly without building `K'` (spec §3.4): `1^T K' = a_h . k` with `a_h = W_{q,h} 1`, and `|K'|^2 = k^T G_h k` with
+`G_h = W_{q,h} W_{q,h}^T`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def trams_scores(
+    keys: torch.Tensor,
+    w_q: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    num_heads: int,
+    score: str = "code",
+    select_per: str = "query_head",
+) -> torch.Tensor:
+    """The TRAMS metric of every pool token, `[B, Hq, M]` (`select_per="query_head"`) or `[B, Hkv, M]`.
+
+    Args:
+        keys: `[B, Hkv, M, Dh]` content keys of the pool (pre-RoPE; no position term, as the code).
+        w_q: `[Hq * Dh, D]` query projection of the layer.
+        norm_weight: `[D]` weight of the norm before attention, folded in as `K'' = gamma * K'` (spec §5.2: the
+            query side is then the unit-RMS input, whose norm is constant), or None to use `W_q` as is.
+        num_heads: query heads `Hq`; query head h reads key/value head `h // (Hq / Hkv)`.
+        score: `"code"` = `|K'| * |1^T K'|` (released code, the default: its numbers are the reported ones),
+            `"paper"` = `1^T K' / sqrt(D)` (signed), `"norm"` = `|K'|` (the paper's Fig. 3 baseline).
+        select_per: `"kv_head"` sums each group's query-head scores into one score per key/value head.
+    """
+    batch, kv_heads, size, head_dim = keys.shape
+    width = w_q.shape[-1]
+    w = w_q.float().view(num_heads, head_dim, width)
+    if norm_weight is not None:
+        w = w * norm_weight.float()  # W_{q,h} diag(gamma): K'' = gamma * K'
+    a = w.sum(-1)  # [Hq, Dh]
+    gram = w @ w.transpose(1, 2)  # [Hq, Dh, Dh]
+    k = keys.float().repeat_interleave(num_heads // kv_heads, dim=1)  # [B, Hq, M, Dh]
+    ones_dot = torch.einsum("bhmd,hd->bhm", k, a)
+    norm = torch.einsum("bhmd,hde,bhme->bhm", k, gram, k).clamp_min(0).sqrt()
+    if score == "code":
+        out = norm * ones_dot.abs()
+    elif score == "paper":
+        out = ones_dot / width**0.5
+    elif score == "norm":
+        out = norm
+    else:
+        raise ValueError(f"`score` must be one of ['code', 'paper', 'norm'], got {score!r}.")
+    if select_per == "kv_head":
+        out = out.view(batch, kv_heads, num_heads // kv_heads, size).sum(2)
+    return out
+
+
+def trams_select(scores: torch.Tensor, valid: torch.Tensor, recent_keep: int, select_size: int) -> torch.Tensor:
+    """Pool slots attended, `[B, H, select_size]`, ascending (stream order), per row and head (spec §3.5).
+
+    The pool is right-aligned (oldest first, empty slots in front). The newest `recent_keep` slots are always
+    kept; the other `select_size - recent_keep` are the highest `scores` `[B, H, M]` among the older valid slots.
+    When fewer valid slots are eligible, empty slots fill the rest (they stay masked by `valid`). Indices carry
+    no gradient.
+    """
+    size = scores.shape[-1]
+    recent = min(recent_keep, size)
+    top = min(select_size - recent, size - recent)
+    older = scores[..., : size - recent].detach().masked_fill(~valid[:, None, : size - recent], float("-inf"))
+    chosen = older.topk(top, dim=-1).indices.sort(dim=-1).values
+    newest = torch.arange(size - recent, size, device=scores.device).expand(*scores.shape[:2], recent)
+    return torch.cat([chosen, newest], dim=-1)
