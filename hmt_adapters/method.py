@@ -80,6 +80,10 @@ class MemoryMethod(nn.Module):
                 f"(max_position_embeddings); lower `segment_length` to at most {limit - self.window_slots()}."
             )
 
+    def layout_fixed_after(self) -> int:
+        """Segment tokens after which `prepare` no longer depends on the segment's own tokens (0: never does)."""
+        return 0
+
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
         """The state before the first segment."""
         return {}

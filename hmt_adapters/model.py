@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 
 from . import hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
+from .generation import MemoryGenerationCache
 from .outputs import MemoryCausalLMOutput, MemoryState
 from .registry import available_methods, get_method, method_for_config
 from .runtime import IGNORE_INDEX, SegmentRuntime, shift_targets
@@ -23,7 +24,7 @@ def _methods_without_attention() -> list[str]:
     return [m for m in available_methods() if not get_method(m).needs_attention]
 
 
-class MemoryModel(PreTrainedModel):
+class MemoryModel(PreTrainedModel, GenerationMixin):
     """A segment-recurrent, memory-augmented causal LM around a Hugging Face backbone.
 
     The backbone (`base_model`, possibly a peft `PeftModel`) is frozen by default; `memory_parameters()` are the
@@ -61,6 +62,8 @@ class MemoryModel(PreTrainedModel):
         self.runtime = SegmentRuntime(self.memory, self.adapter)
         if freeze_backbone:
             self._freeze_backbone()
+        if getattr(causal_lm, "generation_config", None) is not None:
+            self.generation_config = GenerationConfig.from_dict(causal_lm.generation_config.to_dict())
         param = next(causal_lm.parameters())
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
 
@@ -109,12 +112,20 @@ class MemoryModel(PreTrainedModel):
         labels: torch.Tensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         return_logits: bool = True,
+        past_key_values: MemoryGenerationCache | None = None,
+        return_dict: bool = True,
     ) -> MemoryCausalLMOutput:
         """Read `input_ids` `[B, T]` (any T >= 1) segment by segment from an empty memory.
 
         `loss` is the causal-LM loss over the whole input (labels -100 ignored); the last position of segment n
         predicts the first token of segment n+1. `logits` `[B, T, V]` has one row per input token.
+        Inside `generate`, `past_key_values` is the generation cache: `input_ids` are then only the new tokens,
+        `attention_mask` covers the whole sequence, and `logits` hold the last position only.
         """
+        if not return_dict:
+            raise ValueError("MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
+        if past_key_values is not None:
+            return self._read_for_generation(input_ids, attention_mask, past_key_values)
         ids, mask = self._check_inputs(input_ids, attention_mask)
         targets = None
         if labels is not None:
@@ -165,6 +176,57 @@ class MemoryModel(PreTrainedModel):
             num_tokens=result.num_tokens if labels is not None else None,
         )
         return out, new_state
+
+    # ---- generation ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        memory_state: MemoryState | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """HF `generate` with memory: the prompt is read segment by segment, decoding uses the backbone's cache.
+
+        All of transformers' generation options work (greedy, sampling, repetition penalty, eos, streamers, left-padded
+        batches). `memory_state` continues from an earlier state (e.g. a document encoded once with `step`). With
+        `return_dict_in_generate=True`, `output.past_key_values.memory_state()` is the state after the sequence.
+        """
+        ids, mask = self._check_inputs(input_ids, attention_mask)
+        config = generation_config if generation_config is not None else self.generation_config
+        if kwargs.get("use_cache", config.use_cache) and "past_key_values" not in kwargs:
+            state = memory_state if memory_state is not None else self.init_memory(ids.shape[0], ids.device)
+            self._check_state(state, ids.shape[0])
+            kwargs["past_key_values"] = MemoryGenerationCache(self, state)
+        elif memory_state is not None:
+            raise ValueError("`memory_state` needs the generation cache; do not pass `use_cache=False` with it.")
+        return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.Tensor,
+        past_key_values: MemoryGenerationCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Inputs for one generation step: the tokens the cache has not read (all of them without a cache).
+
+        HF's own step arguments (`next_sequence_length`, `use_cache`, `cache_position`, output flags) do not apply:
+        the cache knows what it has read, and memory models return logits only.
+        """
+        if past_key_values is None:
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+        new = input_ids[:, past_key_values.get_seq_length() :]
+        return {"input_ids": new, "attention_mask": attention_mask, "past_key_values": past_key_values}
+
+    def _read_for_generation(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache: MemoryGenerationCache
+    ) -> MemoryCausalLMOutput:
+        ids, _ = self._check_inputs(input_ids, None)
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, -ids.shape[1] :].to(ids.device).long()
+        return MemoryCausalLMOutput(logits=cache.read(ids, mask), past_key_values=cache)
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 

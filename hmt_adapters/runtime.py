@@ -142,7 +142,7 @@ class SegmentRuntime:
             layout = self.method.prepare(segment, tensors, plan)
         else:
             layout = Layout()
-        window, window_mask = self._assemble(segment, layout)
+        window, window_mask = self.assemble(segment, layout)
         extra = {} if layout.attention is None else {MEMORY_KWARG: layout.attention}
         hidden = self.backbone.body(window, window_mask, **extra)
         start = layout.prefix_length
@@ -158,14 +158,17 @@ class SegmentRuntime:
             new = keep_rows(segment.real_rows, self.method.update(segment, tensors, layout, hidden), tensors)
         return ce, count, logits if keep_logits else None, new
 
-    def _assemble(self, segment: Segment, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[prefix ; token embeddings ; suffix]` and its mask; rows with no real token attend everywhere (no NaN)."""
+    def assemble(self, segment: Segment, layout: Layout, suffix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[prefix ; token embeddings ; suffix]` and its mask; rows with no real token attend everywhere (no NaN).
+
+        `suffix=False` leaves the suffix out (an open segment during generation gets it only when it closes).
+        """
         parts = [segment.embeds]
         masks = [segment.mask]
         if layout.prefix is not None:
             parts.insert(0, layout.prefix.to(segment.embeds.dtype))
             masks.insert(0, layout.prefix_mask.to(segment.mask.dtype))
-        if layout.suffix is not None:
+        if suffix and layout.suffix is not None:
             parts.append(layout.suffix.to(segment.embeds.dtype))
             masks.append(layout.suffix_mask.to(segment.mask.dtype))
         window = torch.cat(parts, dim=1)

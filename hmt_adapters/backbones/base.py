@@ -107,6 +107,22 @@ class BackboneAdapter:
         call = {**self.body_kwargs(mask, kwargs.pop("position_ids", None)), **kwargs}
         return self.body_module(inputs_embeds=inputs_embeds, **call).last_hidden_state
 
+    continues_multi_token: ClassVar[bool] = True  # a cached call may feed several tokens at once
+
+    def body_cached(
+        self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """Run the body on new slots after those in `cache` (None: a fresh window); returns `(hidden, cache)`.
+
+        `mask` covers every slot of the window so far (cached and new); `position_ids` only the new slots.
+        """
+        self.check_mask(mask)
+        out = self.body_module(
+            inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+            use_cache=True, **kwargs,
+        )
+        return out.last_hidden_state, out.past_key_values
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the LM head (and the family's logit transform, if any)."""
         logits = self.model.get_output_embeddings()(hidden)

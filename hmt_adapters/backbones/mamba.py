@@ -22,6 +22,7 @@ class MambaAdapter(RecurrentAdapter):
     """
 
     model_types = ("mamba",)
+    continues_multi_token = False  # HF's multi-token scan restarts from a zero SSM state (env notes, pitfall 4)
 
     def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
         return {"attention_mask": mask, "use_cache": False}
@@ -32,3 +33,14 @@ class MambaAdapter(RecurrentAdapter):
             return super().body(inputs_embeds, mask, **kwargs)
         hidden = super().body(_gather_slots(inputs_embeds, order), _gather_slots(mask, order), **kwargs)
         return _gather_slots(hidden, torch.argsort(order, dim=1))
+
+    def body_cached(self, inputs_embeds, mask, position_ids, cache, **kwargs):
+        if cache is None:  # fresh window: masked slots first, as in `body`
+            order = torch.argsort(mask.long(), dim=1, stable=True)
+            out = self.body_module(
+                inputs_embeds=_gather_slots(inputs_embeds, order), attention_mask=_gather_slots(mask, order),
+                use_cache=True,
+            )
+            return _gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)), out.cache_params
+        out = self.body_module(inputs_embeds=inputs_embeds, cache_params=cache, use_cache=True)
+        return out.last_hidden_state, out.cache_params

@@ -23,3 +23,8 @@ class RwkvAdapter(RecurrentAdapter):
 
     def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
         return {"use_cache": False}
+
+    def body_cached(self, inputs_embeds, mask, position_ids, cache, **kwargs):
+        self.check_mask(mask)
+        out = self.body_module(inputs_embeds=inputs_embeds, state=cache, use_cache=True)
+        return out.last_hidden_state, out.state

@@ -40,6 +40,9 @@ class HMT(MemoryMethod):
         """Token ids kept from earlier segments: the sensory tokens and, for the causal query, the j query tokens."""
         return max(self.config.sensory_length, self.config.summary_tokens if self._causal_query else 0)
 
+    def layout_fixed_after(self) -> int:
+        return 0 if self._causal_query or not self.config.use_retrieval else self.config.summary_tokens
+
     def window_slots(self) -> int:
         return 2 + self.config.sensory_length
 
