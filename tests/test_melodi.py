@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -68,6 +70,19 @@ def test_wrapping_leaves_the_backbone_alone_outside_memory_calls():
     for s in range(0, ids.shape[1], W):
         with torch.no_grad():
             torch.testing.assert_close(out[:, s : s + W], base(input_ids=ids[:, s : s + W]).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_a_copy_and_a_second_wrapper_of_the_same_backbone_run_their_own_mixers():
+    model = melodi().eval()
+    perturb(model)
+    ids = random_ids(1, 3 * W)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        torch.testing.assert_close(copy.deepcopy(model)(input_ids=ids).logits, ref, atol=0, rtol=0)
+        other = ha.wrap_with_memory(model.base_model, "melodi", segment_length=W, summary_length=S, long_term_length=L)
+        perturb(other)
+        assert (other(input_ids=ids).logits - ref).abs().max() > 1e-4
+        torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=0, rtol=0)
 
 
 def test_mixers_act_only_on_whole_windows_of_this_methods_calls():

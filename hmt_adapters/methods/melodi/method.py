@@ -18,6 +18,7 @@ memory layer and are discarded with the top-layer summaries (spec §2.5), so tha
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,13 +40,13 @@ from .reads import Read, long_term_read, short_term_read
 class MelodiWindow(AttentionContext):
     """The attention context of one MELODI backbone call, plus what its layer hooks produce.
 
-    `owner` marks the method whose hooks act on this call; `token_mask` `[B, W']` covers the window's token slots;
+    `owner` is the method whose mixers act on this call; `token_mask` `[B, W']` covers the window's token slots;
     `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run. `cached` says
     whether the latest attention call continued a KV cache (token-by-token decoding of an open window, which has
     no summary slots: the mixers run when the whole window is read, spec §2.7).
     """
 
-    owner: nn.Module | None = None
+    owner: "Melodi | None" = None
     token_mask: torch.Tensor | None = None
     short_term: dict[int, torch.Tensor] = field(default_factory=dict)
     long_term: torch.Tensor | None = None
@@ -54,6 +55,32 @@ class MelodiWindow(AttentionContext):
     def attend(self, call: AttentionCall):
         self.cached = call.key.shape[2] != call.query.shape[2]
         return super().attend(call)
+
+
+BRANCHING = "_melodi_branching"  # marks decoder layers that already carry the hook
+
+
+def _branching_hook(layer: int, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    """Forward hook of decoder layer `layer`: the owner of a MELODI call's context rewrites the layer output.
+
+    Stateless (the method travels in the call's context), so copies of the model and several MELODI wrappers of one
+    backbone each act on their own calls only; without a MELODI context the layer is untouched.
+    """
+    window = kwargs.get(MEMORY_KWARG)
+    if not isinstance(window, MelodiWindow):
+        return None
+    hidden = window.owner.branch(layer, output[0] if isinstance(output, tuple) else output, window)
+    if hidden is None:
+        return None
+    return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
+def install_branching(layers: list[nn.Module]) -> None:
+    """Put `_branching_hook` on every decoder layer, once per layer."""
+    for i, layer in enumerate(layers):
+        if not getattr(layer, BRANCHING, False):
+            layer.register_forward_hook(functools.partial(_branching_hook, i), with_kwargs=True)
+            setattr(layer, BRANCHING, True)
 
 
 class Melodi(MemoryMethod):
@@ -89,12 +116,7 @@ class Melodi(MemoryMethod):
             self.mixer_long_term = nn.Parameter(average_pool(config.long_term_tokens, window, s))  # T_m
             beta = math.log(config.gate_init / (1.0 - config.gate_init))
             self.gate = nn.Parameter(torch.full((backbone.num_heads,), beta))  # alpha_h = sigmoid(beta_h)
-        hooked = {*map(int, self.mixer_up), *map(int, self.mixer_memory)}
-        if self.long_term_layer is not None:
-            hooked.add(self.long_term_layer)
-        layers = backbone.decoder_layers
-        for i in sorted(hooked):
-            layers[i].register_forward_hook(self._after_layer(i), with_kwargs=True)
+        install_branching(backbone.decoder_layers)
 
     def window_slots(self) -> int:
         return self.config.summary_tokens
@@ -130,28 +152,21 @@ class Melodi(MemoryMethod):
         ones = segment.mask.new_ones(batch, summaries.shape[1])
         return Layout(suffix=summaries, suffix_mask=ones, attention=context)
 
-    def _after_layer(self, layer: int):
-        """The forward hook of decoder layer `layer`: summary branching (MELODI §3.2, Fig. 2) on this method's calls."""
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            window = kwargs.get(MEMORY_KWARG)
-            if not isinstance(window, MelodiWindow) or window.owner is not self:
-                return None  # another method's call, or memory disabled: the layer is untouched
-            hidden = output[0] if isinstance(output, tuple) else output
-            if window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
-                return None  # not a whole window `[tokens ; summaries]`
-            mixers = self._mixers_of(layer)
-            mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
-            outputs = dict(zip(mixers, mixed.split([w.shape[0] for w in mixers.values()], dim=1)))
-            if "memory" in outputs:
-                window.short_term[layer] = outputs["memory"]
-            if "long_term" in outputs:
-                window.long_term = outputs["long_term"]
-            if "up" in outputs:
-                hidden = torch.cat([hidden[:, : window.token_mask.shape[1]], outputs["up"]], dim=1)
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-        return hook
+    def branch(self, layer: int, hidden: torch.Tensor, window: MelodiWindow) -> torch.Tensor | None:
+        """Summary branching after decoder layer `layer` (MELODI §3.2, Fig. 2): keep `z = T_z Y` (and `T_m Y` at the
+        long-term layer) for `update`, send `T_u Y` up in the summary slots. None leaves the layer's output as is."""
+        mixers = self._mixers_of(layer)
+        if not mixers or window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
+            return None  # no mixers here, or not a whole window `[tokens ; summaries]`
+        mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
+        outputs = dict(zip(mixers, mixed.split([w.shape[0] for w in mixers.values()], dim=1)))
+        if "memory" in outputs:
+            window.short_term[layer] = outputs["memory"]
+        if "long_term" in outputs:
+            window.long_term = outputs["long_term"]
+        if "up" not in outputs:
+            return None
+        return torch.cat([hidden[:, : window.token_mask.shape[1]], outputs["up"]], dim=1)
 
     def _mixers_of(self, layer: int) -> dict[str, torch.Tensor]:
         """The token mixers after decoder layer `layer`, by role (`memory` T_z, `long_term` T_m, `up` T_u)."""
