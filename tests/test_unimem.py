@@ -37,7 +37,10 @@ def spy_reads(monkeypatch) -> list[tuple[int, MemoryRead]]:
 # ---- reductions ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family,select_per,impl", [("llama", "query_head", "sdpa"), ("llama", "kv_head", "eager"), ("opt", "query_head", "sdpa")])
+@pytest.mark.parametrize(
+    "family,select_per,impl",
+    [("llama", "query_head", "sdpa"), ("qwen2", "query_head", "eager"), ("llama", "kv_head", "eager"), ("opt", "query_head", "sdpa")],
+)
 def test_trams_selecting_the_whole_pool_equals_transformer_xl(family, select_per, impl):
     ids = random_ids(2, 5 * L + 3)
     xl_base, trams_base = tiny_backbone(family), tiny_backbone(family)

@@ -2,8 +2,9 @@
 
 A reader hands the layer a `MemoryRead`: entries shared by all queries of the segment (`k`, `v`, `visible`) and,
 for similarity reading, entries retrieved per query (`pq_*`). `attend_memory` runs them with the local keys in one
-joint softmax, through the user's attention kernel when it can express the read (a K/V prefix with a mask, key/value
-heads), else through `joint_attention` here; or, with a gate, mixes memory-only and local-only attention.
+joint softmax: through the user's attention kernel when the read is a K/V prefix at key/value-head granularity,
+through torch SDPA when the prefix has one entry set per query head (explicit matmuls if the user chose eager), else
+through `joint_attention`; or, with a gate, mixes memory-only and local-only attention.
 """
 
 from __future__ import annotations
@@ -41,14 +42,36 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
     `gate` (the memory weight alpha in [0, 1], broadcastable to `[B, Hq, q, 1]`) switches from the joint softmax to
     `alpha * Attn_mem + (1 - alpha) * Attn_local`.
     """
-    heads = call.query.shape[1]
-    if gate is None and read.pq_logits is None and read.k.shape[1] == call.key.shape[1]:
+    heads, q_len = call.query.shape[1], call.query.shape[2]
+    shared_only = gate is None and read.pq_logits is None
+    if shared_only and read.k.shape[1] == call.key.shape[1]:
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
-    q_len = call.query.shape[2]
     local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-    out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate)
+    if shared_only and call.impl != "eager":  # memory per query head (TRAMS under GQA): local K/V to query heads
+        out = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
+    else:
+        out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate)
     return out.transpose(1, 2).contiguous(), None
+
+
+def prefix_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    local_visible: torch.Tensor,
+    read: MemoryRead,
+    scaling: float,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """`[B, Hq, q, D]`: torch SDPA over `[read.k ; key]` with every part brought to the query heads."""
+    batch, heads, q_len, _ = query.shape
+    mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, read.k.shape[2])
+    visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
+    visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
+    keys = torch.cat([expand_heads(read.k, heads).to(query.dtype), expand_heads(key, heads)], dim=2)
+    values = torch.cat([expand_heads(read.v, heads).to(query.dtype), expand_heads(value, heads)], dim=2)
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
 
 
 def _masked(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

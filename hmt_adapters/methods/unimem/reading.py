@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ...attention import AttentionCall, AttentionContext, rotate_half
-from ...memory.attend import MemoryRead, expand_heads
+from ...memory.attend import MemoryRead
 from .trams import trams_scores, trams_select
 
 
@@ -129,15 +129,16 @@ def read_union(
     read = MemoryRead(k_shared, gather_slots(v, slots), torch.cat([g_visible, w_visible], dim=-1)[:, None])
     if topk == 0:
         return read
-    heads = call.query.shape[1]
-    k_all = expand_heads(rotate_at(context, k, frame.key_positions(frame.pos), call.query), heads)
-    logits = call.query @ k_all.transpose(-1, -2).to(call.query.dtype) * scaling_of(call)  # [B, Hq, q, M]
+    heads, kv_heads, q_len, dim = call.query.shape[1], k.shape[1], call.query.shape[2], k.shape[-1]
+    k_all = rotate_at(context, k, frame.key_positions(frame.pos), call.query).to(call.query.dtype)
+    grouped = (call.query * scaling_of(call)).reshape(batch, kv_heads, -1, dim)  # query heads by their K/V head
+    logits = (grouped @ k_all.transpose(-1, -2)).view(batch, heads, q_len, size)
     candidates = (frame.valid[:, None, :] & ~is_global[:, None, :] & ~in_window)[:, None]  # [B, 1, q, M]
-    values, index = logits.masked_fill(~candidates, float("-inf")).topk(min(topk, size), dim=-1)
-    v_all = expand_heads(v, heads)[:, :, None].expand(-1, -1, index.shape[2], -1, -1)
+    values, index = logits.masked_fill_(~candidates, float("-inf")).topk(min(topk, size), dim=-1, sorted=False)
+    per_kv_head = index.reshape(batch, kv_heads, -1)[..., None].expand(-1, -1, -1, dim)
     read.pq_logits = values
     read.pq_visible = values > float("-inf")
-    read.pq_v = v_all.gather(3, index[..., None].expand(-1, -1, -1, -1, v.shape[-1]))
+    read.pq_v = v.gather(2, per_kv_head).view(batch, heads, q_len, -1, dim)
     return read
 
 
