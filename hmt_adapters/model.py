@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 
-from . import hub
+from . import checkpoint, hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
@@ -34,6 +34,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     base_model_prefix = "backbone"
     main_input_name = "input_ids"
     accepts_loss_kwargs = True  # Trainer passes `num_items_in_batch` for exact gradient-accumulation loss
+    supports_gradient_checkpointing = True  # per segment, see `activation_checkpointing_enable`
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
@@ -177,6 +178,51 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         )
         return out, new_state
 
+    # ---- Trainer glue ----------------------------------------------------------------------------------------
+
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """Turn on per-segment checkpointing (what `TrainingArguments(gradient_checkpointing=True)` calls).
+
+        Each segment is recomputed in backward (non-reentrant), so memory stays flat in the number of segments;
+        `offload=True` also turns on `offload_activations`. Layer selection does not apply to whole segments.
+        """
+        kwargs = dict(activation_checkpointing_kwargs or {})
+        if kwargs.pop("use_reentrant", False) or kwargs:
+            raise ValueError(
+                f"Per-segment checkpointing is always non-reentrant and takes no options; got {activation_checkpointing_kwargs!r} "
+                "(allowed: None or {'use_reentrant': False})."
+            )
+        if every_n_layers != 1:
+            raise ValueError(f"`every_n_layers` must be 1: memory models checkpoint whole segments, got {every_n_layers}.")
+        self.memory_config.gradient_checkpointing = True
+        self.memory_config.offload_activations = self.memory_config.offload_activations or offload
+
+    def activation_checkpointing_disable(self) -> None:
+        """Turn off per-segment checkpointing."""
+        self.memory_config.gradient_checkpointing = False
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return self.memory_config.gradient_checkpointing
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+        """Load a full or a training-checkpoint state dict (the `Trainer` and DeepSpeed resume through this).
+
+        A checkpoint never holds the frozen backbone, so its absence is not reported. Memory weights, when present,
+        must be exactly this model's (same method, config, LoRA and widths) even with `strict=False`: the `Trainer`
+        loads with `strict=False` and would only warn about a checkpoint of another model.
+        """
+        checkpoint.check_state_dict(self, state_dict)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = sorted(set(result.missing_keys) - checkpoint.frozen_keys(self))
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for {type(self).__name__}: missing {missing}, unexpected {result.unexpected_keys}."
+            )
+        return type(result)(missing, result.unexpected_keys)
+
     # ---- generation ------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -231,8 +277,14 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 
     def save_pretrained(self, save_directory: str, state_dict: dict | None = None, is_main_process: bool = True, **kwargs: Any) -> None:
-        """Write `memory_config.json`, `memory_adapter.safetensors` and (with LoRA) the peft adapter files."""
+        """Write `memory_config.json`, `memory_adapter.safetensors` and (with LoRA) the peft adapter files.
+
+        In a `Trainer` checkpoint folder (`checkpoint-<step>`) also write `model.safetensors` with the trainable
+        weights under this model's key names: the only file `resume_from_checkpoint` reads.
+        """
         hub.save_adapter(self, save_directory, state_dict=state_dict, is_main_process=is_main_process)
+        if is_main_process and checkpoint.is_trainer_checkpoint(save_directory):
+            checkpoint.save_trainer_weights(self, save_directory, state_dict)
 
     @classmethod
     def from_pretrained(cls, base_model: nn.Module, pretrained_model_name_or_path: str, **overrides: Any) -> "MemoryModel":
