@@ -1,0 +1,19 @@
+"""Training a `MemoryModel` at depth: the HF `Trainer` glue, multi-stage BPTT, DeepSpeed configs, LoRA."""
+
+from .deepspeed import CONFIG_NAMES as DEEPSPEED_CONFIGS
+from .deepspeed import deepspeed_config
+from .lora import add_lora, lora_target_modules
+from .stages import Stage, hmt_stages, segment_curriculum, train_stages
+from .trainer import MemoryTrainer
+
+__all__ = [
+    "DEEPSPEED_CONFIGS",
+    "MemoryTrainer",
+    "Stage",
+    "add_lora",
+    "deepspeed_config",
+    "hmt_stages",
+    "lora_target_modules",
+    "segment_curriculum",
+    "train_stages",
+]

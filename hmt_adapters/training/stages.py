@@ -1,0 +1,143 @@
+"""Multi-stage BPTT in one call (HMT App. F) and the segment-count curriculum (2 -> 4 -> 8 ...).
+
+Each stage trains on windows of `n_segments` segments (BPTT through all of them) with a fresh `MemoryTrainer`
+(fresh optimizer and schedule, as the HMT reference does between stages), saves its adapter into
+`<output_dir>/<stage name>/`, and hands the trained weights to the next stage. A stage that changes the memory config
+(HMT stage 2 turns retrieval on) reloads the previous adapter with `MemoryModel.from_pretrained(..., **config)`,
+which initialises exactly the new weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from datasets import Dataset
+from transformers import TrainerCallback, TrainingArguments
+
+from ..data import WindowCollator, make_windows
+from ..model import MemoryModel
+from .deepspeed import deepspeed_config
+from .trainer import MemoryTrainer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ARGS = {"report_to": "none", "prediction_loss_only": True}
+
+
+@dataclass
+class Stage:
+    """One training stage.
+
+    Args:
+        n_segments: segments per training window; gradients flow back through all of them (BPTT depth).
+        max_steps: optimizer steps of this stage.
+        name: folder name under the output directory (default `stage<i>-<n>seg`).
+        config: memory-config changes this stage makes (e.g. `{"use_retrieval": True}`).
+        training_args: `TrainingArguments` values for this stage only (e.g. `{"learning_rate": 1e-4}`).
+    """
+
+    n_segments: int
+    max_steps: int
+    name: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    training_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("n_segments", "max_steps"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Stage `{key}` must be an integer >= 1, got {value!r}.")
+
+
+def hmt_stages(stage1_steps: int, stage2_steps: int, stage2_segments: int = 15) -> list[Stage]:
+    """HMT's recipe: stage 1 without retrieval over 2 segments, stage 2 with retrieval over `stage2_segments` (15 in App. F)."""
+    return [
+        Stage(2, stage1_steps, name="stage1", config={"use_retrieval": False}),
+        Stage(stage2_segments, stage2_steps, name="stage2", config={"use_retrieval": True}),
+    ]
+
+
+def segment_curriculum(levels: Sequence[int], steps_per_level: int, **config: Any) -> list[Stage]:
+    """One stage per segment count, e.g. `levels=(2, 4, 8)` (the HMT reference's curriculum); `config` applies to the first."""
+    if not levels or list(levels) != sorted(levels):
+        raise ValueError(f"`levels` must be a non-empty increasing list of segment counts, got {list(levels)!r}.")
+    return [Stage(n, steps_per_level, name=f"level{i + 1}-{n}seg", config=config if i == 0 else {}) for i, n in enumerate(levels)]
+
+
+def _check_first_stage(model: MemoryModel, stage: Stage) -> None:
+    config = model.memory_config
+    unknown = sorted(set(stage.config) - set(config.field_names()))
+    if unknown:
+        raise ValueError(f"Stage '{stage.name}' changes unknown config fields {unknown}; valid: {sorted(config.field_names())}.")
+    differ = {k: v for k, v in stage.config.items() if getattr(config, k) != v}
+    if differ:
+        raise ValueError(
+            f"The first stage '{stage.name}' expects {differ} but the model has "
+            f"{ {k: getattr(config, k) for k in differ} }; wrap the backbone with the first stage's config."
+        )
+
+
+def _stage_args(base: dict[str, Any], stage: Stage, output_dir: str, deepspeed: str | None) -> TrainingArguments:
+    values = {**DEFAULT_ARGS, **base, **stage.training_args, "output_dir": output_dir, "max_steps": stage.max_steps}
+    if deepspeed is not None:
+        values["deepspeed"] = deepspeed
+    return TrainingArguments(**values)
+
+
+def train_stages(
+    model: MemoryModel,
+    stages: Sequence[Stage],
+    train_documents: Dataset,
+    output_dir: str,
+    *,
+    training_args: dict[str, Any] | None = None,
+    eval_documents: Dataset | None = None,
+    deepspeed: str | None = None,
+    pad_token_id: int = 0,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> MemoryModel:
+    """Train `model` through `stages` and return the last stage's model; each stage's adapter lands in `output_dir/<name>`.
+
+    `train_documents`/`eval_documents` are tokenized documents (an `input_ids` list per document, see
+    `hmt_adapters.data.tokenize_documents`); each stage cuts them into windows of its own length. `training_args`
+    are `TrainingArguments` values shared by all stages; `deepspeed` is a shipped config name or a JSON path.
+    """
+    if not stages:
+        raise ValueError("`stages` is empty; pass at least one Stage (see `hmt_stages`, `segment_curriculum`).")
+    stages = [s if s.name else Stage(s.n_segments, s.max_steps, f"stage{i + 1}-{s.n_segments}seg", s.config, s.training_args)
+              for i, s in enumerate(stages)]
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Stage names must be distinct, got {names}.")
+    _check_first_stage(model, stages[0])
+    ds_config = deepspeed_config(deepspeed) if deepspeed is not None else None
+    segment_length = model.memory_config.segment_length
+    collator = WindowCollator(pad_token_id=pad_token_id, min_length=segment_length)
+    previous_dir = None
+    for index, stage in enumerate(stages):
+        if index > 0 and stage.config:
+            model = MemoryModel.from_pretrained(model.backbone, previous_dir, **stage.config)
+        stage_dir = os.path.join(output_dir, stage.name)
+        train = make_windows(train_documents, segment_length, stage.n_segments)
+        evaluation = make_windows(eval_documents, segment_length, stage.n_segments) if eval_documents is not None else None
+        logger.info("Stage '%s': %d windows of %d segments, %d steps", stage.name, len(train), stage.n_segments, stage.max_steps)
+        trainer = MemoryTrainer(
+            model=model,
+            args=_stage_args(training_args or {}, stage, stage_dir, ds_config),
+            train_dataset=train,
+            eval_dataset=evaluation,
+            data_collator=collator,
+            callbacks=list(callbacks),
+        )
+        trainer.train()
+        if evaluation is not None:
+            trainer.evaluate()
+        trainer.save_model()
+        trainer.save_state()
+        trainer.accelerator.wait_for_everyone()  # other ranks read the adapter rank 0 just wrote
+        previous_dir = stage_dir
+    return model
