@@ -9,6 +9,7 @@ from .gpt2 import GPT2Adapter
 from .llama import LlamaAdapter
 from .mamba import MambaAdapter
 from .opt import OPTAdapter
+from .pretrained import smollm2
 from .rwkv import RwkvAdapter
 
 _ADAPTERS: dict[str, type[BackboneAdapter]] = {
@@ -40,5 +41,6 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "get_backbone_adapter",
     "positions_from_mask",
+    "smollm2",
     "unwrap_causal_lm",
 ]

