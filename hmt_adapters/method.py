@@ -69,6 +69,14 @@ class MemoryMethod(nn.Module):
         """Extra positions a segment's window holds besides its `segment_length` tokens."""
         return 0
 
+    def resolve_layers(self, field: str, layers) -> tuple[int, ...]:
+        """`layers` sorted without repeats, or a `ValueError` naming `field` when one lies beyond the backbone's depth."""
+        n = self.backbone.num_layers
+        bad = sorted({i for i in layers if i >= n})
+        if bad:
+            raise ValueError(f"{field} must lie in [0, {n - 1}] for this {n}-layer backbone, got {bad}.")
+        return tuple(sorted(set(layers)))
+
     def check_backbone(self) -> None:
         """Raise `ValueError` when the method's windows do not fit the backbone's positions."""
         limit = self.backbone.max_positions

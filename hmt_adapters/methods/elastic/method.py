@@ -46,11 +46,8 @@ class ElasticMemory(MemoryMethod):
     def __init__(self, config: ElasticMemoryConfig, backbone):
         super().__init__(config, backbone)
         n = backbone.num_layers
-        layers = (default_memory_layer(n),) if config.memory_layers is None else tuple(config.memory_layers)
-        bad = [i for i in layers if i >= n]
-        if bad:
-            raise ValueError(f"`memory_layers` must lie in [0, {n - 1}] for this {n}-layer backbone, got {bad}.")
-        self.layers = tuple(sorted(set(layers)))
+        layers = (default_memory_layer(n),) if config.memory_layers is None else config.memory_layers
+        self.layers = self.resolve_layers("`memory_layers`", layers)
         self.hippo = HiPPOLegS(config.hippo_order)
         self.readouts = TensorCache(READOUT_CACHE_BYTES)
 

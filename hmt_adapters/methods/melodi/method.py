@@ -92,14 +92,10 @@ class Melodi(MemoryMethod):
     def __init__(self, config: MelodiConfig, backbone):
         super().__init__(config, backbone)
         n = backbone.num_layers
-        short = tuple(range(n)) if config.short_term_layers is None else tuple(sorted(set(config.short_term_layers)))
+        short = tuple(range(n)) if config.short_term_layers is None else config.short_term_layers
         long = n // 2 if config.long_term_layer is None else config.long_term_layer
-        bad = [i for i in (*short, long) if i >= n]
-        if bad:
-            raise ValueError(
-                f"`short_term_layers` and `long_term_layer` must lie in [0, {n - 1}] for this {n}-layer backbone, "
-                f"got {sorted(set(bad))}."
-            )
+        self.resolve_layers("`short_term_layers` and `long_term_layer`", (*short, long))
+        short = self.resolve_layers("`short_term_layers`", short)
         self.short_term_layers: tuple[int, ...] = short if config.use_short_term else ()
         self.long_term_layer: int | None = long if config.use_long_term else None
         window, s = config.segment_length, config.summary_tokens

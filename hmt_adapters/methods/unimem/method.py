@@ -25,11 +25,8 @@ class UniMem(MemoryMethod):
         super().__init__(config, backbone)
         self.settings = config.settings()
         n = backbone.num_layers
-        layers = self.settings.layers(n) if config.memory_layers is None else tuple(config.memory_layers)
-        bad = [i for i in layers if i >= n]
-        if bad:
-            raise ValueError(f"`memory_layers` must lie in [0, {n - 1}] for this {n}-layer backbone, got {bad}.")
-        self.layers = tuple(sorted(set(layers)))
+        layers = self.settings.layers(n) if config.memory_layers is None else config.memory_layers
+        self.layers = self.resolve_layers("`memory_layers`", layers)
         m = self.settings.memory_tokens
         self.tokens = RecurrentTokens(m, backbone.embed_dim) if m else None
         self.memory_init = learned_tokens(m, backbone.embed_dim, backbone.embedding_std()) if m else None
