@@ -46,6 +46,7 @@ class MemoryGenerationCache:
         self.model = model
         self.state = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
         self.open: OpenSegment | None = None
+        self.tokens_read = 0
         if state.pending_length:  # tokens a `step` left in an open segment: reopen it (not part of HF's sequence)
             self.read(state.pending_ids, state.pending_mask)
         self.tokens_read = 0
