@@ -16,15 +16,6 @@ from tiny import VOCAB, random_ids, tiny_backbone
 SEG, N, L_MEM = 8, 8, 6
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: on oversubscribed shared cores a second OpenMP thread makes each matmul ~30x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def elastic(family: str = "llama", **overrides) -> ha.MemoryModel:
     kwargs = {"segment_length": SEG, "hippo_order": N, "memory_tokens": L_MEM, **overrides}
     return ha.wrap_with_memory(tiny_backbone(family), "elastic", **kwargs)

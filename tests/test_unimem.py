@@ -14,7 +14,6 @@ from hmt_adapters.methods.unimem.trams import trams_scores, trams_select
 from tiny import random_ids, tiny_backbone
 
 L = 8
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def logits(model: ha.MemoryModel, ids: torch.Tensor) -> torch.Tensor:
