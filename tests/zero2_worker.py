@@ -32,7 +32,8 @@ from tiny import random_ids, tiny_backbone  # noqa: E402
 def train(out: str, resume: str | None = None) -> tuple[list[float], dict[str, torch.Tensor], int]:
     """Three ZeRO-2 steps (checkpoint after two), or the last one resumed from that checkpoint."""
     model = ha.wrap_with_memory(
-        add_lora(tiny_backbone("llama"), dropout=0.0), "hmt", segment_length=8, sensory_length=2, memory_window=4
+        add_lora(tiny_backbone("llama", tie_word_embeddings=True), dropout=0.0), "hmt", segment_length=8, sensory_length=2,
+        memory_window=4,
     )
     data = Dataset.from_dict({"input_ids": random_ids(12, 24).tolist()})
     args = TrainingArguments(
