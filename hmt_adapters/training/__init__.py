@@ -2,6 +2,7 @@
 
 from .deepspeed import CONFIG_NAMES as DEEPSPEED_CONFIGS
 from .deepspeed import deepspeed_config
+from .evaluation import corpus_nll, perplexity
 from .lora import add_lora, lora_target_modules
 from .stages import Stage, hmt_stages, segment_curriculum, train_stages
 from .trainer import MemoryTrainer
@@ -11,9 +12,11 @@ __all__ = [
     "MemoryTrainer",
     "Stage",
     "add_lora",
+    "corpus_nll",
     "deepspeed_config",
     "hmt_stages",
     "lora_target_modules",
+    "perplexity",
     "segment_curriculum",
     "train_stages",
 ]
