@@ -7,7 +7,8 @@ each switch (none, offload, checkpointing, both) and depth, each in a fresh proc
   backward at the end of the forward pass, counted by saved-tensor hooks. On a CPU, "offloading" to host memory moves
   nothing, so the offload hooks are metered instead: what they would move off a GPU counts as host bytes, the rest as
   device bytes. RSS therefore only falls with checkpointing here; run on a GPU for offload's real effect.
-- CUDA (`--device cuda`): `torch.cuda.max_memory_allocated` growth during the step (the real offload hooks run).
+- CUDA (`--device cuda`): `torch.cuda.max_memory_allocated` growth during the step (the real offload hooks run; the
+  host column is then not metered).
 
     .venv/bin/python benchmarks/training_memory.py                  # CPU, ~5-10 minutes on 2 cores
     python benchmarks/training_memory.py --device cuda --hidden 1024 --layers 12 --segment-length 512

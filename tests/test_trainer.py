@@ -58,12 +58,18 @@ def test_two_steps_resumed_for_two_more_equal_four_straight_steps(tmp_path):
         torch.testing.assert_close(resumed.memory.state_dict()[name], value, atol=1e-6, rtol=1e-5)
 
 
-def test_trainer_gradient_checkpointing_switches_per_segment_checkpointing(tmp_path):
+def test_trainer_gradient_checkpointing_switches_per_segment_checkpointing_and_offload(tmp_path):
     plain = train(hmt_model(), tmp_path / "a", max_steps=2)
     model = hmt_model()
     checkpointed = train(model, tmp_path / "b", max_steps=2, gradient_checkpointing=True)
     assert model.memory_config.gradient_checkpointing and model.is_activation_checkpointing
+    assert not model.memory_config.offload_activations
     assert checkpointed == pytest.approx(plain, abs=1e-6)
+    both = hmt_model()
+    offloaded = train(both, tmp_path / "c", max_steps=2, gradient_checkpointing=True,
+                      gradient_checkpointing_kwargs={"offload": True})
+    assert both.memory_config.gradient_checkpointing and both.memory_config.offload_activations
+    assert offloaded == pytest.approx(plain, abs=1e-6)
     model.activation_checkpointing_disable()
     assert not model.memory_config.gradient_checkpointing
     with pytest.raises(ValueError, match="non-reentrant"):
