@@ -6,6 +6,8 @@ into another during training. Each window keeps the index of its document (`docu
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 from typing import Any
 
@@ -62,20 +64,15 @@ def make_windows(
     window, shortest = segment_length * n_segments, segment_length * min_segments
 
     def cut(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        docs = list(zip(indices, batch["input_ids"]))
+        docs = batch["input_ids"]
         if cross_documents:
-            starts = []
-            for index, ids in docs:
-                starts += [index] * len(ids)
-            flat = [t for _, ids in docs for t in ids]
-            docs = [(starts, flat)]
-        out: dict[str, list] = {"input_ids": [], "document": []}
-        for index, ids in docs:
-            for start in range(0, len(ids), window):
-                if len(ids) - start >= shortest:
-                    out["input_ids"].append(ids[start : start + window])
-                    out["document"].append(index[start] if cross_documents else index)
-        return out
+            ends = list(itertools.accumulate(len(ids) for ids in docs))
+            flat = list(itertools.chain.from_iterable(docs))
+            pieces = [(indices[bisect.bisect_right(ends, s)], flat[s : s + window]) for s in range(0, len(flat), window)]
+        else:
+            pieces = [(i, ids[s : s + window]) for i, ids in zip(indices, docs) for s in range(0, len(ids), window)]
+        kept = [(i, w) for i, w in pieces if len(w) >= shortest]
+        return {"input_ids": [w for _, w in kept], "document": [i for i, _ in kept]}
 
     windows = tokenized.map(
         cut,
