@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 WEIGHTS_NAME = "memory_adapter.safetensors"
 LORA_CONFIG_NAME = "adapter_config.json"
+LORA_WEIGHTS_NAME = "adapter_model.safetensors"
 CARD_TEMPLATE = "memory_adapter_card.md"
 LIBRARY_NAME = "hmt-adapters"
 
@@ -103,11 +104,9 @@ def load_adapter(cls: type["MemoryModel"], base_model: torch.nn.Module, path_or_
         weights = load_file(weights_path)
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{weights_path} is not a readable safetensors file ({err}); the adapter is corrupted.") from err
-    if _resolve(path_or_id, LORA_CONFIG_NAME, required=False) and not _is_peft(base_model):
-        from peft import PeftModel
-
-        local = path_or_id if os.path.isdir(path_or_id) else os.path.dirname(_resolve(path_or_id, LORA_CONFIG_NAME))
-        base_model = PeftModel.from_pretrained(base_model, local, is_trainable=True)
+    lora_config = _resolve(path_or_id, LORA_CONFIG_NAME, required=False)
+    if lora_config:
+        base_model = _load_lora(base_model, os.path.dirname(lora_config))
     model = cls(base_model, config)
     expected = model.memory.state_dict()
     for name, tensor in weights.items():
@@ -128,6 +127,22 @@ def load_adapter(cls: type["MemoryModel"], base_model: torch.nn.Module, path_or_
         logger.warning("Initialised new memory weights not in the adapter: %s", sorted(missing))
     model.loading_info = {"missing_keys": sorted(missing), "unexpected_keys": []}
     return model
+
+
+def _load_lora(base_model: torch.nn.Module, folder: str) -> torch.nn.Module:
+    """`base_model` with the LoRA weights saved in `folder`: wrapped by peft, or loaded into its existing LoRA layers."""
+    from peft import PeftModel, set_peft_model_state_dict
+
+    if not _is_peft(base_model):
+        return PeftModel.from_pretrained(base_model, folder, is_trainable=True)
+    weights = load_file(os.path.join(folder, LORA_WEIGHTS_NAME))
+    result = set_peft_model_state_dict(base_model, weights)
+    if result.unexpected_keys:
+        raise ValueError(
+            f"The LoRA weights in {folder} do not fit the LoRA layers of the given backbone "
+            f"(e.g. {sorted(result.unexpected_keys)[:3]}); pass the plain backbone and let from_pretrained add LoRA."
+        )
+    return base_model
 
 
 def render_model_card(model: "MemoryModel", **fields: Any) -> ModelCard:

@@ -81,6 +81,24 @@ def test_lora_and_memory_adapters_are_saved_and_restored_together(tmp_path):
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
 
 
+def test_lora_weights_load_into_a_backbone_that_already_has_lora(tmp_path):
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    model = ha.wrap_with_memory(get_peft_model(tiny_backbone("llama"), lora), "rmt", segment_length=8)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval().save_pretrained(tmp_path)
+    fresh = get_peft_model(tiny_backbone("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    loaded = ha.MemoryModel.from_pretrained(fresh, str(tmp_path)).eval()
+    ids = random_ids(1, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
+    other = get_peft_model(tiny_backbone("llama"), LoraConfig(r=4, target_modules=["k_proj"]))
+    with pytest.raises(ValueError, match="do not fit the LoRA layers"):
+        ha.MemoryModel.from_pretrained(other, str(tmp_path))
+
+
 def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
     sent = {}
 
