@@ -203,6 +203,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """Turn off per-segment checkpointing."""
         self.memory_config.gradient_checkpointing = False
 
+    def gradient_checkpointing_enable(
+        self, gradient_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """The name transformers before 5.23 (and its `Trainer`) use for `activation_checkpointing_enable`."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, every_n_layers, offload)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.activation_checkpointing_disable()
+
     @property
     def is_activation_checkpointing(self) -> bool:
         return self.memory_config.gradient_checkpointing
