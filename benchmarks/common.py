@@ -1,0 +1,108 @@
+"""Shared by the benchmark scripts: a small Llama from a config, timing, peak RSS in a fresh process, FLOP counts,
+and the results files (JSON with the run's provenance, plus a PNG)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(ROOT))
+
+
+def small_llama(
+    layers: int = 4, dim: int = 256, heads: int = 8, kv_heads: int = 4, ffn: int = 688, vocab: int = 8192,
+    attn: str = "sdpa", seed: int = 0,
+) -> torch.nn.Module:
+    """A randomly initialised Llama (speed and memory do not depend on trained weights)."""
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=dim, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, max_position_embeddings=4096,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
+
+
+def interleaved_speed(runs: dict[str, Callable[[], int]], rounds: int = 5) -> dict[str, float]:
+    """Median tokens/s of each callable (which returns the tokens it processed), rounds interleaved so that every
+    run sees the same machine noise; one warm-up call each."""
+    for fn in runs.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
+            start = time.perf_counter()
+            tokens = runs[name]()
+            samples[name].append(tokens / (time.perf_counter() - start))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def counted_flops(fn: Callable[[], object]) -> dict[str, int]:
+    """FLOPs of `fn()` by `torch.utils.flop_counter`: total, and attention (batched matmuls and SDPA)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    ops = counter.get_flop_counts()["Global"]
+    attention = sum(v for op, v in ops.items() if "bmm" in str(op) or "scaled_dot_product" in str(op))
+    return {"total": counter.get_total_flops(), "attention": attention}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def in_fresh_process(script: str, *args: str) -> dict:
+    """Run `python script *args` and parse the JSON object its last output line prints (clean peak RSS)."""
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(f"{script} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def provenance() -> dict:
+    """Where and with what a result was produced."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        commit = None
+    return {
+        "git_commit": commit,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_result(name: str, payload: dict) -> Path:
+    """`benchmarks/results/<name>.json` with provenance added."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({**payload, "provenance": provenance()}, indent=2) + "\n")
+    return path
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

