@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import sys
 import time
 from pathlib import Path
@@ -31,28 +30,17 @@ from common import pyplot, write_result  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
-from hmt_adapters.data import jane_austen, kjv_bible, tokenize_documents  # noqa: E402
-from hmt_adapters.training import sliding_window_nll, token_nll  # noqa: E402
+from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
+from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402
 
-HELD_OUT = {"austen": lambda: jane_austen(test_size=1)["test"], "kjv": lambda: kjv_bible(test_size=7)["test"]}
+TEST_DOCUMENTS = {"austen": 1, "kjv": 7}  # the held-out split examples/train_hmt.py uses (same seed)
 
 
 def held_out_documents(corpus: str, tokenizer, max_length: int, count: int) -> list[tuple[str, torch.Tensor]]:
     """The `count` longest held-out documents (the training split's test side), truncated to `max_length` tokens."""
-    docs = tokenize_documents(HELD_OUT[corpus](), tokenizer)
+    docs = tokenize_documents(load_corpus(corpus, TEST_DOCUMENTS[corpus])["test"], tokenizer)
     ranked = sorted(zip(docs["title"], docs["input_ids"]), key=lambda d: -len(d[1]))[:count]
     return [(title, torch.tensor(ids[:max_length])) for title, ids in ranked]
-
-
-def bin_ppl(nll: torch.Tensor, lengths: list[int]) -> dict[str, dict[str, float]]:
-    """Per length C: perplexity over the targets in (C/2, C] and over the whole prefix [1, C]."""
-    out = {}
-    for c in lengths:
-        if nll.numel() < c - 1:
-            continue
-        window = nll[c // 2 - 1 : c - 1]
-        out[str(c)] = {"bin": math.exp(float(window.mean())), "prefix": math.exp(float(nll[: c - 1].mean()))}
-    return out
 
 
 def evaluate(runs: dict, documents, lengths: list[int]) -> dict:
@@ -62,7 +50,7 @@ def evaluate(runs: dict, documents, lengths: list[int]) -> dict:
         per_doc = [fn(ids) for _, ids in documents]
         shortest = min(len(n) for n in per_doc)
         stacked = torch.stack([n[:shortest] for n in per_doc]).mean(0)  # NLL per position, documents pooled
-        results[name] = {"ppl": bin_ppl(stacked, lengths), "seconds": time.perf_counter() - start}
+        results[name] = {"ppl": perplexity_by_length(stacked, lengths), "seconds": time.perf_counter() - start}
         print(f"{name:16} " + " ".join(f"{c}: {v['bin']:.2f}" for c, v in results[name]["ppl"].items()), flush=True)
     return results
 
@@ -83,7 +71,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--adapters", nargs="*", default=[], help="name=path pairs of saved adapters")
-    p.add_argument("--corpus", default="austen", choices=sorted(HELD_OUT))
+    p.add_argument("--corpus", default="austen", choices=sorted(TEST_DOCUMENTS))
     p.add_argument("--documents", type=int, default=2, help="held-out documents (the longest)")
     p.add_argument("--max-length", type=int, default=32768)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])

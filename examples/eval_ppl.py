@@ -16,17 +16,8 @@ import os
 
 import hmt_adapters as ha
 from hmt_adapters.backbones import smollm2
-from hmt_adapters.data import jane_austen, kjv_bible, load_documents, split_by_document, tokenize_documents
+from hmt_adapters.data import load_corpus, tokenize_documents
 from hmt_adapters.training import corpus_nll
-
-
-def held_out(name: str, test_documents: int):
-    """The held-out split the training example used (same corpus, same `--test-documents`, same seed)."""
-    if name == "austen":
-        return jane_austen(test_size=test_documents)["test"]
-    if name == "kjv":
-        return kjv_bible(test_size=test_documents)["test"]
-    return split_by_document(load_documents(name), test_size=test_documents)["test"]
 
 
 def chunks(documents: list[list[int]], length: int, max_chunks: int) -> list[list[int]]:
@@ -50,7 +41,7 @@ def main() -> None:
     args = parse_args()
     base, tokenizer = smollm2()
     model = ha.MemoryModel.from_pretrained(base, args.adapter).eval()
-    documents = list(tokenize_documents(held_out(args.corpus, args.test_documents), tokenizer)["input_ids"])
+    documents = list(tokenize_documents(load_corpus(args.corpus, args.test_documents)["test"], tokenizer)["input_ids"])
     window = model.memory_config.segment_length
     rows = []
     print(f"{'context':>8} {'chunks':>6} {'memory ppl':>11} {f'window-{window} ppl':>16} {'gain':>7}")

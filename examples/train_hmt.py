@@ -26,19 +26,10 @@ from accelerate import PartialState
 
 import hmt_adapters as ha
 from hmt_adapters.backbones import smollm2
-from hmt_adapters.data import jane_austen, kjv_bible, load_documents, split_by_document, tokenize_documents
+from hmt_adapters.data import load_corpus, tokenize_documents
 from hmt_adapters.training import DEEPSPEED_CONFIGS, Stage, add_lora, hmt_stages, train_stages
 
 logger = logging.getLogger("train_hmt")
-
-
-def load_corpus(name: str, test_documents: int):
-    """`austen`, `kjv`, a local file/folder of documents or a Hub dataset name -> train/test by document."""
-    if name == "austen":
-        return jane_austen(test_size=test_documents)
-    if name == "kjv":
-        return kjv_bible(test_size=test_documents)
-    return split_by_document(load_documents(name), test_size=test_documents)
 
 
 def parse_args() -> argparse.Namespace:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters.training import corpus_nll, perplexity, sliding_window_nll, token_nll
+from hmt_adapters.training import corpus_nll, perplexity, perplexity_by_length, sliding_window_nll, token_nll
 from tiny import random_ids, tiny_backbone
 
 
@@ -54,3 +54,11 @@ def test_sliding_window_nll_gives_each_token_at_least_window_minus_stride_contex
     torch.testing.assert_close(strided[19], own, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"`stride` must be in \[1, `window`=12\], got 13"):
         sliding_window_nll(base, ids, window=12, stride=13)
+
+
+def test_perplexity_by_length_bins_the_second_half_of_each_prefix():
+    nll = torch.log(torch.arange(1, 16, dtype=torch.float))  # 15 targets of a 16-token document
+    table = perplexity_by_length(nll, [4, 16, 32])
+    assert sorted(table) == ["16", "4"]  # 32 is longer than the document
+    assert table["4"]["bin"] == pytest.approx(math.exp(float(nll[1:3].mean())))
+    assert table["16"]["prefix"] == pytest.approx(math.exp(float(nll.mean())))

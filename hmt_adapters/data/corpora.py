@@ -120,3 +120,14 @@ def austen_documents(cache_dir: str | None = None, rscript: str = "Rscript") -> 
 def jane_austen(test_size: int | float = 1, seed: int = 0, cache_dir: str | None = None, rscript: str = "Rscript") -> DatasetDict:
     """Jane Austen's novels, `test_size` novels held out (default 1 of 6)."""
     return split_by_document(austen_documents(cache_dir, rscript), test_size, seed)
+
+
+def load_corpus(name: str, test_documents: int | float = 1, seed: int = 0) -> DatasetDict:
+    """`train`/`test` by document for `"austen"`, `"kjv"`, a local text/jsonl file or folder, or a Hub dataset name."""
+    if name == "austen":
+        return jane_austen(test_size=test_documents, seed=seed)
+    if name == "kjv":
+        return kjv_bible(test_size=test_documents, seed=seed)
+    from .documents import load_documents
+
+    return split_by_document(load_documents(name), test_size=test_documents, seed=seed)

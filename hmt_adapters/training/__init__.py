@@ -2,7 +2,7 @@
 
 from .deepspeed import CONFIG_NAMES as DEEPSPEED_CONFIGS
 from .deepspeed import deepspeed_config
-from .evaluation import corpus_nll, perplexity, sliding_window_nll, token_nll
+from .evaluation import corpus_nll, perplexity, perplexity_by_length, sliding_window_nll, token_nll
 from .lora import add_lora, lora_target_modules
 from .stages import Stage, hmt_stages, segment_curriculum, train_stages
 from .trainer import MemoryTrainer
@@ -17,6 +17,7 @@ __all__ = [
     "hmt_stages",
     "lora_target_modules",
     "perplexity",
+    "perplexity_by_length",
     "segment_curriculum",
     "sliding_window_nll",
     "token_nll",

@@ -77,3 +77,13 @@ def sliding_window_nll(causal_lm: torch.nn.Module, ids: torch.Tensor, window: in
         losses.append(F.cross_entropy(logits[first - 1 : -1], chunk[0, first:], reduction="none"))
         scored = end
     return torch.cat(losses).cpu()
+
+
+def perplexity_by_length(nll: torch.Tensor, lengths: Sequence[int]) -> dict[str, dict[str, float]]:
+    """From per-token NLL `[T - 1]`: for each length C <= T, perplexity over the targets in (C/2, C] (`bin`: how well
+    text that far into a document is predicted) and over all targets up to C (`prefix`)."""
+    out = {}
+    for c in lengths:
+        if nll.numel() >= c - 1:
+            out[str(c)] = {"bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())), "prefix": math.exp(float(nll[: c - 1].mean()))}
+    return out
