@@ -1,6 +1,7 @@
 """The main demo (`make demo`): memory at work, printed as tables and drawn as PNGs in demo_output/.
 
 Part 1: a tiny model trained from scratch on long-range recall, with and without memory.
+Part 2: SmolLM2-135M with the shipped HMT adapter on a held-out novel, against the same window without memory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import recall_demo  # noqa: E402
+import smollm2_demo  # noqa: E402
 
 
 def main() -> None:
@@ -21,6 +23,9 @@ def main() -> None:
     print("== Part 1: long-range recall, tiny Llama trained from scratch ==")
     print(recall_demo.report(recall_demo.run(out)))
     print(f"Plot: {os.path.join(out, 'recall.png')}")
+    print("\n== Part 2: SmolLM2-135M + the shipped HMT adapter on a held-out novel ==")
+    print(smollm2_demo.report(smollm2_demo.run(out)))
+    print(f"Plot: {os.path.join(out, 'smollm2.png')}")
 
 
 if __name__ == "__main__":
