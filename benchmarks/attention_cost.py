@@ -29,8 +29,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hmt_adapters as ha  # noqa: E402
+from common import RESULTS, write_result  # noqa: E402  (benchmarks/ is the script folder)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SIZE = dict(layers=4, dim=256, heads=8, kv_heads=4, ffn=688, vocab=8192, segment=128, segments=16, batch=2, rounds=5)
 N = SIZE["segment"]
 # name -> (method string, overrides). TRAMS: pool M = 4n, attended m = 2n (the paper's M = 2m; code split r = 3m/4).
@@ -222,7 +222,6 @@ def main() -> None:
     started = time.perf_counter()
     result = measure()
     print_table(result)
-    RESULTS.mkdir(exist_ok=True)
     out = {
         "command": "python benchmarks/attention_cost.py",
         "torch": torch.__version__,
@@ -231,8 +230,7 @@ def main() -> None:
         "seconds": round(time.perf_counter() - started, 1),
         **result,
     }
-    (RESULTS / "attention_cost.json").write_text(json.dumps(out, indent=2) + "\n")
-    plot(result, RESULTS / "attention_cost.png")
+    plot(result, write_result("attention_cost", out).with_suffix(".png"))
     print(f"wrote {RESULTS / 'attention_cost.json'} and attention_cost.png in {out['seconds']} s")
 
 

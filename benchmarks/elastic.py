@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
@@ -24,7 +23,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 import hmt_adapters as ha
 from hmt_adapters.hippo import HiPPOLegS
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from common import RESULTS, write_result  # benchmarks/ is the script folder
+
 
 # ---- Table 12 -------------------------------------------------------------------------------------------------
 
@@ -269,7 +269,6 @@ def main() -> None:
     speed = throughput(reps=2 if args.quick else 5, segment=512, segments=4, orders=(128, 540))
     mem = memory_bytes(order=540)
     print_report(t12, speed, mem)
-    os.makedirs(RESULTS, exist_ok=True)
     out = dict(
         table12=t12, throughput=speed, memory=mem,
         notes=dict(
@@ -284,8 +283,7 @@ def main() -> None:
         ),
         machine=dict(platform=platform.platform(), torch=torch.__version__, threads=torch.get_num_threads()),
     )
-    with open(os.path.join(RESULTS, "elastic.json"), "w", encoding="utf-8") as fh:
-        json.dump(out, fh, indent=2)
+    write_result("elastic", out)
     plot(t12, mem, os.path.join(RESULTS, "elastic.png"))
     print(f"\nwrote {os.path.join(RESULTS, 'elastic.json')} and elastic.png")
 

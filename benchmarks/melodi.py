@@ -16,7 +16,6 @@ Writes `benchmarks/results/melodi.json` and `benchmarks/results/melodi.png`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -29,8 +28,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hmt_adapters as ha  # noqa: E402
+from common import RESULTS, write_result  # noqa: E402  (benchmarks/ is the script folder)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PAPER = dict(layers=13, dim=1024, heads=8, window=512, summary=128, long_term=64, windows=128)
 SMALL = dict(layers=4, dim=128, heads=4, window=64, summary=16, long_term=8, windows=8)
 SPEED = dict(layers=4, dim=256, heads=8, window=256, summary=64, long_term=32, windows=16, batch=2, segments=8, rounds=9)
@@ -235,7 +234,6 @@ def main() -> None:
     print_memory(small)
     speed = speed_table(SPEED)
     print_speed(speed)
-    RESULTS.mkdir(exist_ok=True)
     out = {
         "command": "python benchmarks/melodi.py",
         "torch": torch.__version__,
@@ -245,7 +243,7 @@ def main() -> None:
         "memory_small_streamed": small,
         "inference": speed,
     }
-    (RESULTS / "melodi.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_result("melodi", out)
     plot(paper, speed, RESULTS / "melodi.png")
     print(f"\nwrote {RESULTS / 'melodi.json'} and melodi.png in {out['seconds']} s")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -29,7 +28,8 @@ import time
 
 import torch
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+from common import RESULTS, write_result  # benchmarks/ is the script folder
+
 SWITCHES = {
     "none": {},
     "offload": {"offload_activations": True},
@@ -301,7 +301,6 @@ def main() -> None:
     print(table(results, key, depths, summary))
     print(f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): {'met' if goal else 'NOT met'}")
     name = "training_memory" if args.device == "cpu" else "training_memory_cuda"
-    os.makedirs(RESULTS, exist_ok=True)
     payload = {
         "benchmark": "peak training memory against BPTT depth",
         "model": {k: getattr(args, k) for k in MODEL_ARGS if k not in ("threads", "repeats")} | {"method": "hmt", "sensory_length": 32, "memory_window": 16},
@@ -309,17 +308,9 @@ def main() -> None:
         "results": results,
         "summary": summary,
         "goal": {"both_memory_ratio_max": GOAL_RATIO, "met": goal},
-        "provenance": {
-            "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} torch threads",
-            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-            "torch": torch.__version__,
-            "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        },
+        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
     }
-    with open(os.path.join(RESULTS, f"{name}.json"), "w") as fh:
-        json.dump(payload, fh, indent=2)
-        fh.write("\n")
+    write_result(name, payload)
     plot(results, key, depths, os.path.join(RESULTS, f"{name}.png"))
 
 
