@@ -18,6 +18,18 @@ CONFIG_NAME = "memory_config.json"
 METADATA_KEYS = ("hmt_adapters_version", "base_model_name_or_path", "base_model_type", "embed_dim")
 
 
+def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """The JSON object in `path`; a `ValueError` naming `what` and the file when it is not valid JSON or not an object."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} {os.fspath(path)!r} is not valid JSON ({err}).") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {os.fspath(path)!r} must hold a JSON object, got {type(data).__name__}.")
+    return data
+
+
 def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
     """Raise a `ValueError` naming `name` when `value` breaks the constraints declared in `meta`."""
     if value is None:
@@ -150,14 +162,7 @@ class MemoryConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "MemoryConfig":
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON ({err}); the memory config file is corrupted.") from err
-        if not isinstance(data, dict):
-            raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}.")
-        return MemoryConfig.from_dict(data)
+        return MemoryConfig.from_dict(read_json_object(path, "The memory config file"))
 
     def replace(self, **changes: Any) -> "MemoryConfig":
         """A copy with `changes` applied (validated like a fresh config)."""

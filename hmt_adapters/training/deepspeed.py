@@ -7,9 +7,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from importlib import resources
+
+from ..config import read_json_object
 
 CONFIG_NAMES = ("zero2", "zero2_offload")
 
@@ -24,11 +25,5 @@ def deepspeed_config(name_or_path: str | os.PathLike) -> str:
     path = os.fspath(name_or_path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"DeepSpeed config {path!r} does not exist; pass a JSON file or one of {list(CONFIG_NAMES)}.")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"DeepSpeed config {path!r} is not valid JSON ({err}).") from err
-    if not isinstance(config, dict):
-        raise ValueError(f"DeepSpeed config {path!r} must hold a JSON object, got {type(config).__name__}.")
+    read_json_object(path, "DeepSpeed config")
     return path
