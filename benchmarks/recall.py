@@ -33,7 +33,7 @@ SEGMENT = 8
 RUNS = {
     "window": ("rmt", {"num_memory_tokens": 0}),
     "rmt": ("rmt", {"num_memory_tokens": 4}),
-    "hmt": ("hmt", {"sensory_length": 4, "memory_window": 16}),
+    "hmt": ("hmt", {"sensory_length": 0, "memory_window": 16}),
     "transformer_xl": ("transformer_xl", {}),
     "trams": ("trams", {}),
     "memorizing_transformer": ("memorizing_transformer", {}),

@@ -25,7 +25,11 @@ EVAL_GAPS = (1, 2, 4, 8, 16)
 
 
 def build_model(task: RecallTask, seed: int = 0) -> ha.MemoryModel:
-    """A from-scratch tiny Llama wrapped with HMT (causal retrieval query; the backbone trains too)."""
+    """A from-scratch tiny Llama wrapped with HMT (causal retrieval query; the backbone trains too).
+
+    No sensory tokens: with 8-token segments they would hand the first noise segment the key's tail directly, a
+    shortcut that the curriculum's first stage (gap 0) would learn and the later stages would have to unlearn.
+    """
     config = LlamaConfig(
         vocab_size=task.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=64,
@@ -33,7 +37,7 @@ def build_model(task: RecallTask, seed: int = 0) -> ha.MemoryModel:
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_config(config)
     return ha.wrap_with_memory(
-        base, "hmt", segment_length=task.segment_length, sensory_length=4, memory_window=16, freeze_backbone=False
+        base, "hmt", segment_length=task.segment_length, sensory_length=0, memory_window=16, freeze_backbone=False
     )
 
 
