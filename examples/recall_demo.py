@@ -2,7 +2,7 @@
 
 A tiny Llama (2 layers, width 128) is wrapped with HMT and trained on `hmt_adapters.tasks.RecallTask`: a 4-digit key
 in the first segment, `gap` segments of noise, then a query for the key. A curriculum moves the gap 0 -> 1 -> 2 ->
-4 -> 8 as accuracy reaches 95%. The same backbone reading one segment at a time (memory disabled: a sliding window
+4 -> 8 -> 16 as accuracy reaches 95%. The same backbone reading one segment at a time (memory disabled: a sliding window
 of one segment) can only guess.
 
     python examples/recall_demo.py [--out demo_output]
@@ -45,7 +45,7 @@ def run(out_dir: str, max_steps: int = 4000) -> dict:
     task = RecallTask(segment_length=8, num_digits=4, vocab_size=64)
     model = build_model(task)
     start = time.time()
-    history = train_recall(model, task, gaps=(0, 1, 2, 4, 8), max_steps=max_steps)
+    history = train_recall(model, task, gaps=(0, 1, 2, 4, 8, 16), max_steps=max_steps)
     train_seconds = time.time() - start
     results = {"train_seconds": train_seconds, "steps": history[-1]["step"], "gaps": {}}
     for gap in EVAL_GAPS:
@@ -71,7 +71,7 @@ def plot(results: dict, path: str) -> None:
     for key, label in (("memory", "HMT memory"), ("window", "one-segment window (no memory)")):
         ax.plot([g + 2 for g in gaps], [results["gaps"][g][key][1] for g in gaps], marker="o", label=label)
     ax.axhline(1e-4, color="grey", linestyle=":", label="chance (exact key)")
-    ax.set(xlabel="segments between key and query + 2", ylabel="exact-key accuracy", xscale="log", ylim=(-0.02, 1.02))
+    ax.set(xlabel="segments in the sample (key, noise segments, query)", ylabel="exact-key accuracy", xscale="log", ylim=(-0.02, 1.02))
     ax.set_xticks([g + 2 for g in gaps], [str(g + 2) for g in gaps])
     ax.legend(fontsize=8)
     fig.tight_layout()

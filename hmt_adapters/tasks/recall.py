@@ -70,7 +70,7 @@ def train_recall(
     gaps: tuple[int, ...] = (0, 1, 2, 4, 8),
     max_steps: int = 4000,
     batch_size: int = 32,
-    lr: float = 2e-3,
+    lr: float = 1e-3,
     advance_at: float = 0.95,
     eval_every: int = 50,
     seed: int = 0,
@@ -78,31 +78,35 @@ def train_recall(
 ) -> list[dict]:
     """Train on a curriculum of gaps: move to the next gap once exact accuracy reaches `advance_at`.
 
-    Stops when the last gap reaches it or after `max_steps`; returns the evaluation history.
+    Every other batch revisits a random earlier gap, so shorter distances are not forgotten. Stops when the last gap
+    reaches `advance_at` on two evaluations in a row, or after `max_steps`; returns the evaluation history.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
-    history, stage, start = [], 0, time.time()
+    history, stage, passed, start = [], 0, 0, time.time()
     model.train()
     bar = tqdm(range(1, max_steps + 1), desc=f"recall gap {gaps[0]}", leave=False)
     for step in bar:
-        batch = task.sample(batch_size, gaps[stage], generator)
-        loss = model(**batch).loss
+        gap = gaps[stage]
+        if stage and step % 2:
+            gap = gaps[int(torch.randint(0, stage, (1,), generator=generator))]
+        loss = model(**task.sample(batch_size, gap, generator)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % eval_every:
             continue
-        digit, exact = task.accuracy(model, gaps[stage], batch_size=128)
+        digit, exact = task.accuracy(model, gaps[stage], batch_size=256)
         history.append({"step": step, "gap": gaps[stage], "loss": loss.item(), "digit": digit, "exact": exact,
                         "seconds": time.time() - start})
         bar.set_description(f"recall gap {gaps[stage]} exact {exact:.2f}")
         if log:
             log(f"step {step:5d}  gap {gaps[stage]:2d}  loss {loss.item():.3f}  exact {exact:.3f}")
-        if exact >= advance_at:
-            if stage == len(gaps) - 1:
-                break
-            stage += 1
+        passed = passed + 1 if exact >= advance_at else 0
+        if stage < len(gaps) - 1 and passed:
+            stage, passed = stage + 1, 0
+        elif passed == 2:
+            break
     return history
