@@ -3,12 +3,12 @@
 1. throughput: tokens/s of each wrapped model over 16 segments of 512 tokens against the bare backbone on the same
    segments (memory disabled: each segment alone), next to the FLOP ratio the method must pay (counted by
    `torch.utils.flop_counter` on an eager-attention copy); rounds interleaved so ratios share the machine's noise;
-2. streaming memory: peak RSS a `step` stream adds at 10k, 100k and 1M tokens (a fresh process per point; a 2-layer
+2. streaming memory: peak RSS a `step` stream adds at 4k, 10k, 100k and 1M tokens (a fresh process per point; a 2-layer
    model);
 3. generation: decode tokens/s of `generate` with memory (prompt of 8 segments, 256 new tokens crossing segment
    boundaries) against the bare backbone's `generate` inside one window; peak RSS against prompt length.
 
-    python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 10240 102400 1048576]
+    python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 4096 10240 102400 1048576]
 
 Writes `benchmarks/results/cost.json` and `benchmarks/results/cost.png`.
 """
@@ -172,7 +172,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=ha.available_methods())
-    parser.add_argument("--lengths", nargs="+", type=int, default=[10240, 102400, 1048576])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 10240, 102400, 1048576])
     parser.add_argument("--worker", nargs=3, metavar=("KIND", "METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
