@@ -93,8 +93,8 @@ def provenance() -> dict:
 
 def write_result(name: str, payload: dict) -> Path:
     """`benchmarks/results/<name>.json` with provenance added."""
-    RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**payload, "provenance": provenance()}, indent=2) + "\n")
     return path
 

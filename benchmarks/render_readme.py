@@ -1,16 +1,20 @@
 """Render the README's result tables from `benchmarks/results/*.json` (between `<!-- NAME:start -->` and
 `<!-- NAME:end -->` markers), so every number in the README comes from a results file.
 
-    python benchmarks/render_readme.py
+    python benchmarks/render_readme.py [--demo-output demo_output]
+
+`--demo-output` first records a `make demo` run (its `recall.json` and `smollm2.json`, with provenance) as
+`benchmarks/results/demo/`, which the README's demo section quotes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections.abc import Callable
 
-from common import RESULTS, ROOT
+from common import RESULTS, ROOT, write_result
 
 README = ROOT / "README.md"
 
@@ -147,7 +151,21 @@ def model_cards() -> None:
 SECTIONS = {"demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost}
 
 
+def record_demo(folder: str) -> None:
+    """Copy a demo run's results into `benchmarks/results/demo/` with provenance."""
+    for name in ("recall", "smollm2"):
+        source = ROOT / folder / f"{name}.json"
+        if not source.is_file():
+            raise SystemExit(f"--demo-output {folder!r} has no {name}.json: run `make demo` (DEMO_OUTPUT={folder}) first")
+        write_result(f"demo/{name}", {"command": "make demo", **json.loads(source.read_text())})
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--demo-output", help="a folder `make demo` wrote (recall.json, smollm2.json) to record first")
+    args = parser.parse_args()
+    if args.demo_output:
+        record_demo(args.demo_output)
     text = README.read_text()
     for name, render in SECTIONS.items():
         table = render()
