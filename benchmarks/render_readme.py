@@ -76,6 +76,11 @@ def ppl(corpus: str) -> Callable[[], str | None]:
                  "|---" * (len(lengths) + 1) + "|"]
         for name, row in runs.items():
             lines.append(f"| `{name}` | " + " | ".join(f"{row['ppl'][c]['bin']:.2f}" for c in lengths) + " |")
+        if "hmt" in runs:
+            last, hmt = lengths[-1], runs["hmt"]["ppl"][lengths[-1]]["bin"]
+            deltas = [f"{100 * (hmt / row['ppl'][last]['bin'] - 1):+.1f}% against `{name}`"
+                      for name, row in runs.items() if name != "hmt"]
+            lines += ["", f"`hmt` perplexity at C = {last}: " + ", ".join(deltas) + " (negative: HMT is better)."]
         return "\n".join(lines)
 
     return render
