@@ -9,8 +9,8 @@ their presets at this segment length, so their fixed memory may not reach 17 seg
 
     python benchmarks/recall.py [--methods hmt rmt ...] [--max-steps 3000] [--gaps 0 1 2 4 8] [--name recall]
 
-Writes `benchmarks/results/<name>.json` and `.png`. The README also quotes a second run with the curriculum going on
-to 16 for the methods that pass 8: `--methods rmt hmt --gaps 0 1 2 4 8 16 --max-steps 4000 --name recall_gap16`.
+Writes `benchmarks/results/<name>.json` and `.png`. A longer curriculum for the methods that pass 8, e.g.
+`--methods rmt hmt --gaps 0 1 2 4 8 16 --max-steps 4000 --name recall_gap16`, is rendered in the same README table.
 """
 
 from __future__ import annotations
