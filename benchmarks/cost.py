@@ -92,8 +92,8 @@ def stream_worker(method: str, length: int) -> dict:
     chunk = 8 * SEGMENT
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for start in range(0, length, chunk):
-            size = min(chunk, length - start)
+        for offset in range(0, length, chunk):
+            size = min(chunk, length - offset)
             _, state = model.step(torch.randint(0, TINY["vocab"], (1, size), generator=gen), state)
     seconds = time.perf_counter() - start
     return {"peak_extra_mb": (peak_rss_bytes() - before) / 2**20, "tokens_per_s": length / seconds}

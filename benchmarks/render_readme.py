@@ -99,14 +99,14 @@ def cost() -> str | None:
              "of 512 tokens against the bare backbone on the same segments; FLOPs counted by `torch.utils.flop_counter`; "
              "decode: `generate` after an 8-segment prompt against the bare backbone's `generate` in one window; "
              f"peak RSS a `step` stream adds at {', '.join(lengths)} tokens (2-layer model).", "",
-             "| method | tokens/s x bare | FLOPs x bare | attention FLOPs x bare | decode x bare | stream peak MB | "
-             "generate peak MB |", "|---|---|---|---|---|---|---|"]
+             "| method | tokens/s x bare | FLOPs x bare | decode x bare | stream peak MB | generate peak MB |",
+             "|---|---|---|---|---|---|"]
     for name, r in data["throughput"].items():
         if name == "bare":
             continue
         stream = " / ".join(f"{data['stream'][name][n]['peak_extra_mb']:.0f}" for n in lengths)
         gen = " / ".join(f"{data['generate'][name][n]['peak_extra_mb']:.0f}" for n in lengths)
-        lines.append(f"| `{name}` | {r['speed_vs_bare']:.2f} | {r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
+        lines.append(f"| `{name}` | {r['speed_vs_bare']:.2f} | {r['flops_vs_bare']:.2f} | "
                      f"{data['decode'][name]['vs_bare']:.2f} | {stream} | {gen} |")
     return "\n".join(lines)
 
