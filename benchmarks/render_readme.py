@@ -47,7 +47,7 @@ def demo() -> str | None:
     for c in lengths:
         lines.append(f"| {c} | " + " | ".join(f"{smol['ppl'][n][c]['bin']:.2f}" for n in names) + " |")
     lines.append("| all | " + " | ".join(f"{smol['overall'][n]:.2f}" for n in names) + " |")
-    lines += ["", f"HMT continuing the novel (greedy, `generate` with memory): *\"{smol['generation']['continuation'].strip()}\"*"]
+    lines += ["", f"HMT continuing the novel (greedy, `generate` with memory): *\"{' '.join(smol['generation']['continuation'].split())}\"*"]
     return "\n".join(lines)
 
 
