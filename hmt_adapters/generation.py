@@ -79,7 +79,8 @@ class MemoryGenerationCache:
         if full and full == ids.shape[1]:
             self._close(ids[:, : full - self.segment_length], mask[:, : full - self.segment_length])
             return self._fold_last(ids[:, full - self.segment_length :], mask[:, full - self.segment_length :])
-        self._close(ids[:, :full], mask[:, :full])
+        if full:  # an empty close would drop the open segment's cache and re-read it for every new token
+            self._close(ids[:, :full], mask[:, :full])
         return self._extend(ids[:, full:], mask[:, full:])
 
     # ---- closed segments -------------------------------------------------------------------------------------
@@ -104,10 +105,11 @@ class MemoryGenerationCache:
     def _can_append(self, new: int) -> bool:
         """Whether `new` tokens can go through the open segment's cache, or the segment must be read again.
 
-        Again when the family cannot continue a cache with several tokens, or when the layout was prepared from fewer
+        Again when the family cannot continue a cache (with several tokens), or when the layout was prepared from fewer
         tokens than the method needs for an exact one (HMT's paper query: the first j tokens).
         """
-        if new > 1 and not self.model.adapter.continues_multi_token:
+        adapter = self.model.adapter
+        if not adapter.continues_cache or (new > 1 and not adapter.continues_multi_token):
             return False
         return self.open.prepared_with >= self.model.memory.layout_fixed_after()
 

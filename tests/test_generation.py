@@ -35,6 +35,21 @@ def test_greedy_generation_is_the_argmax_of_forward_across_segment_boundaries(me
     assert torch.equal(uncached, out.sequences[:, : uncached.shape[1]])
 
 
+@pytest.mark.parametrize("method", ["hmt", "rmt", "transformer_xl", "melodi"])
+def test_decoding_inside_a_segment_extends_its_cache_instead_of_reading_it_again(method, monkeypatch):
+    model = wrap(method, "llama").eval()
+    plans = []
+    plan = model.memory.plan
+    monkeypatch.setattr(model.memory, "plan", lambda segments, state: plans.append(len(segments)) or plan(segments, state))
+
+    def plans_for(new_tokens: int) -> int:
+        plans.clear()
+        model.generate(input_ids=random_ids(1, 2 * SEGMENT), **no_eos(new_tokens))
+        return sum(plans)
+
+    assert plans_for(2) == plans_for(SEGMENT)  # tokens decoded inside the open segment never re-plan it
+
+
 @pytest.mark.parametrize("family", ["llama", "mamba"])
 def test_sampling_options_and_seeds_are_honoured(family):
     model = wrap("hmt", family).eval()

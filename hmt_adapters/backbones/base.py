@@ -108,6 +108,7 @@ class BackboneAdapter:
         return self.body_module(inputs_embeds=inputs_embeds, **call).last_hidden_state
 
     continues_multi_token: ClassVar[bool] = True  # a cached call may feed several tokens at once
+    continues_cache: ClassVar[bool] = True  # a cached call continues exactly where a full read would be
 
     def body_cached(
         self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any, **kwargs: Any

@@ -13,6 +13,7 @@ class RwkvAdapter(RecurrentAdapter):
     """Runs without carried RWKV state (HF writes that state in place, which breaks backward)."""
 
     model_types = ("rwkv",)
+    continues_cache = False  # HF's RWKV state continuation does not reproduce a full read: generation re-reads
 
     def check_mask(self, mask: torch.Tensor) -> None:
         if not bool(mask.bool().all()):
