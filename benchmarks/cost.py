@@ -8,7 +8,7 @@
 3. generation: decode tokens/s of `generate` with memory (prompt of 8 segments, 256 new tokens crossing segment
    boundaries) against the bare backbone's `generate` inside one window; peak RSS against prompt length.
 
-    python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 4096 10240 102400 1048576]
+    python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 4096 10240 102400 1048576] [--parts decode ...]
 
 Writes `benchmarks/results/cost.json` and `benchmarks/results/cost.png`.
 """
@@ -25,10 +25,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    RESULTS,
     counted_flops,
     in_fresh_process,
     interleaved_speed,
     peak_rss_bytes,
+    provenance,
     pyplot,
     rss_bytes,
     small_llama,
@@ -131,6 +133,11 @@ def decode_speed(methods: list[str]) -> dict:
     return out
 
 
+def in_fresh_processes(kind: str, methods: list[str], lengths: list[int]) -> dict:
+    """`{method: {length: worker result}}`, each point measured by a `--worker kind` in a fresh process."""
+    return {m: {str(n): in_fresh_process(__file__, "--worker", kind, m, str(n)) for n in lengths} for m in methods}
+
+
 def print_tables(result: dict) -> None:
     print(f"Throughput: 4-layer Llama D=256, {SEGMENTS} segments of {SEGMENT} tokens, fp32 CPU")
     print(f"{'run':24} {'tok/s':>8} {'x bare':>7} {'FLOPs x':>8} {'attn FLOPs x':>13}")
@@ -173,6 +180,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=ha.available_methods())
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 10240, 102400, 1048576])
+    parser.add_argument("--parts", nargs="+", default=["throughput", "stream", "decode", "generate"],
+                        choices=["throughput", "stream", "decode", "generate"],
+                        help="what to measure; a subset updates those parts of the existing cost.json")
     parser.add_argument("--worker", nargs=3, metavar=("KIND", "METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -180,15 +190,21 @@ def main() -> None:
         print(json.dumps((stream_worker if kind == "stream" else generate_worker)(method, int(length))))
         return
     torch.set_num_threads(2)
-    result = {"segment_length": SEGMENT, "lengths": args.lengths, "throughput": throughput(args.methods)}
-    result["stream"] = {
-        m: {str(n): in_fresh_process(__file__, "--worker", "stream", m, str(n)) for n in args.lengths} for m in args.methods
+    parts = {
+        "throughput": lambda: throughput(args.methods),
+        "stream": lambda: in_fresh_processes("stream", args.methods, args.lengths),
+        "decode": lambda: decode_speed(args.methods),
+        "generate": lambda: in_fresh_processes("generate", args.methods, args.lengths),
     }
-    result["decode"] = decode_speed(args.methods)
-    result["generate"] = {
-        m: {str(n): in_fresh_process(__file__, "--worker", "generate", m, str(n)) for n in args.lengths}
-        for m in args.methods
-    }
+    result = {"segment_length": SEGMENT, "lengths": args.lengths}
+    if args.parts != list(parts):  # re-measure some parts, keep the others from the last full run
+        result = json.loads((RESULTS / "cost.json").read_text())
+        result.setdefault("full_run", result.pop("provenance"))
+        result.setdefault("remeasured", {})
+        for part in args.parts:
+            result["remeasured"][part] = provenance()
+    for part in args.parts:
+        result[part] = parts[part]()
     path = write_result("cost", result)
     plot(result, path.with_suffix(".png"))
     print_tables(result)
