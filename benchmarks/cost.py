@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 10240, 102400, 1048576])
     parser.add_argument("--parts", nargs="+", default=["throughput", "stream", "decode", "generate"],
                         choices=["throughput", "stream", "decode", "generate"],
-                        help="what to measure; a subset updates those parts of the existing cost.json")
+                        help="what to measure; a subset of parts or methods updates the existing cost.json")
     parser.add_argument("--worker", nargs=3, metavar=("KIND", "METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -197,14 +197,14 @@ def main() -> None:
         "generate": lambda: in_fresh_processes("generate", args.methods, args.lengths),
     }
     result = {"segment_length": SEGMENT, "lengths": args.lengths}
-    if args.parts != list(parts):  # re-measure some parts, keep the others from the last full run
+    if args.parts != list(parts) or args.methods != ha.available_methods():  # update the last run's results
         result = json.loads((RESULTS / "cost.json").read_text())
         result.setdefault("full_run", result.pop("provenance"))
         result.setdefault("remeasured", {})
         for part in args.parts:
             result["remeasured"][part] = provenance()
     for part in args.parts:
-        result[part] = parts[part]()
+        result[part] = {**result.get(part, {}), **parts[part]()}  # re-measured methods replace their rows
     path = write_result("cost", result)
     plot(result, path.with_suffix(".png"))
     print_tables(result)

@@ -2,10 +2,11 @@
 (DESIGN §7, issue 9).
 
 `hmt_adapters.tasks.RecallTask`: a 4-digit key in the first 8-token segment, `gap` noise segments, then a query; a
-curriculum (`--gaps`) moves the gap 0 -> 1 -> 2 -> 4 -> 8 when exact accuracy reaches 95% (at most `--max-steps` steps). The
-baseline `window` is the same backbone trained the same way with no memory (`rmt` with 0 memory tokens: each segment
-alone). Each trained model is evaluated after 8 and 16 noise segments (10 and 18 segments in all). K/V methods use
-their presets at this segment length, so their fixed memory may not reach 17 segments back; that is what they are.
+curriculum (`--gaps`) moves the gap 0 -> 1 -> 2 -> 4 -> 8 when exact accuracy reaches 95% (at most `--max-steps`
+steps). The baseline `window` is the same backbone trained the same way with no memory (`rmt` with 0 memory tokens:
+each segment alone). Each trained model is evaluated after 8 and 16 noise segments (10 and 18 segments in all). K/V
+methods use their presets at this segment length, so their fixed memory may not reach 17 segments back; that is what
+they are.
 
     python benchmarks/recall.py [--methods hmt rmt ...] [--max-steps 3000] [--gaps 0 1 2 4 8] [--name recall]
 
