@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hmt_adapters as ha  # noqa: E402
-from common import RESULTS, write_result  # noqa: E402  (benchmarks/ is the script folder)
+from common import RESULTS, counted_flops, in_fresh_process, small_llama, write_result  # noqa: E402  (benchmarks/ is the script folder)
 
 SIZE = dict(layers=4, dim=256, heads=8, kv_heads=4, ffn=688, vocab=8192, segment=128, segments=16, batch=2, rounds=5)
 N = SIZE["segment"]
@@ -45,20 +42,12 @@ RUNS: dict[str, tuple[str | None, dict]] = {
 }
 
 
-def backbone(attn: str = "sdpa") -> torch.nn.Module:
-    config = LlamaConfig(
-        vocab_size=SIZE["vocab"], hidden_size=SIZE["dim"], intermediate_size=SIZE["ffn"], num_hidden_layers=SIZE["layers"],
-        num_attention_heads=SIZE["heads"], num_key_value_heads=SIZE["kv_heads"], max_position_embeddings=2048,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
-
-
 def build(name: str, attn: str = "sdpa") -> ha.MemoryModel | torch.nn.Module:
     method, overrides = RUNS[name]
+    base = small_llama(SIZE["layers"], SIZE["dim"], SIZE["heads"], SIZE["kv_heads"], SIZE["ffn"], SIZE["vocab"], attn)
     if method is None:
-        return backbone(attn)
-    return ha.wrap_with_memory(backbone(attn), method, segment_length=N, **overrides).eval()
+        return base
+    return ha.wrap_with_memory(base, method, segment_length=N, **overrides).eval()
 
 
 def document() -> torch.Tensor:
@@ -90,15 +79,7 @@ def speed(models: dict, ids: torch.Tensor) -> dict[str, list[float]]:
 
 def flops(name: str, ids: torch.Tensor) -> dict[str, int]:
     model = build(name, attn="eager")
-    with FlopCounterMode(display=False) as counter:
-        read(model, ids)
-    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-    attention = sum(  # inside each self_attn module, minus its projections: scores, values, memory reading
-        total - sum(v for child, v in counts.items() if child.startswith(name + "."))
-        for name, total in counts.items()
-        if name.endswith("self_attn")
-    )
-    return {"total": counter.get_total_flops(), "attention": attention}
+    return counted_flops(lambda: read(model, ids))
 
 
 def state_bytes(name: str, ids: torch.Tensor) -> int:
@@ -129,8 +110,7 @@ def peak_memory_child(name: str) -> None:
 
 
 def peak_memory(name: str) -> int:
-    out = subprocess.run([sys.executable, __file__, "--peak", name], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_extra"]
+    return in_fresh_process(__file__, "--peak", name)["peak_extra"]
 
 
 def keys_per_query(model) -> str:

@@ -50,12 +50,18 @@ def interleaved_speed(runs: dict[str, Callable[[], int]], rounds: int = 5) -> di
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def counted_flops(fn: Callable[[], object]) -> dict[str, int]:
-    """FLOPs of `fn()` by `torch.utils.flop_counter`: total, and attention (batched matmuls and SDPA)."""
+def counted_flops(fn: Callable[[], object], attention_module: str = "self_attn") -> dict[str, int]:
+    """FLOPs of `fn()` by `torch.utils.flop_counter` (run it on an eager-attention model: sdpa on CPU is not counted):
+    total, and attention = what runs inside each `attention_module` minus its projections (scores, weighted values,
+    memory reading). Counting by module, not by op: linear layers on concatenated inputs also dispatch to `bmm`."""
     with FlopCounterMode(display=False) as counter:
         fn()
-    ops = counter.get_flop_counts()["Global"]
-    attention = sum(v for op, v in ops.items() if "bmm" in str(op) or "scaled_dot_product" in str(op))
+    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    attention = sum(
+        total - sum(v for child, v in counts.items() if child.startswith(name + "."))
+        for name, total in counts.items()
+        if name.endswith(attention_module)
+    )
     return {"total": counter.get_total_flops(), "attention": attention}
 
 

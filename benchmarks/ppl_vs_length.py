@@ -10,7 +10,7 @@ model predicts text that far into a document. Runs:
 - one run per adapter (`--adapters hmt=path rmt=path`), each on its own copy of the backbone (LoRA included); an
   adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window.
 
-    python benchmarks/ppl_vs_length.py --adapters hmt=model_adapters/smollm2-hmt --corpus austen --max-length 32768
+    python benchmarks/ppl_vs_length.py --adapters hmt=examples/adapters/smollm2-hmt --corpus austen --max-length 32768
 
 Writes `benchmarks/results/ppl_vs_length[_<corpus>].json` and `.png`.
 """
