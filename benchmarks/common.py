@@ -74,9 +74,11 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def in_fresh_process(script: str, *args: str) -> dict:
-    """Run `python script *args` and parse the JSON object its last output line prints (clean peak RSS)."""
-    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT)
+def in_fresh_process(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    """Run `python script *args` (with `env` added to the environment) and parse the JSON object its last output line
+    prints (clean peak RSS)."""
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, **(env or {})})
     if out.returncode:
         raise RuntimeError(f"{script} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

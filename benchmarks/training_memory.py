@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
 import torch
 
-from common import RESULTS, write_result  # benchmarks/ is the script folder
+from common import RESULTS, in_fresh_process, rss_bytes, write_result  # benchmarks/ is the script folder
 
 SWITCHES = {
     "none": {},
@@ -111,10 +110,7 @@ class PeakRSS:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    @staticmethod
-    def now() -> int:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    now = staticmethod(rss_bytes)
 
     def _run(self):
         while not self._stop.is_set():
@@ -205,12 +201,8 @@ MODEL_ARGS = ("device", "hidden", "layers", "heads", "vocab", "segment_length", 
 def run_worker(args: argparse.Namespace, switch: str, depth: int) -> dict:
     """Measure one configuration in a fresh process (a clean peak), freed tensors returned to the OS at once."""
     flags = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in MODEL_ARGS]
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", switch, str(depth), *flags]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if out.returncode:
-        raise RuntimeError(f"{switch} at depth {depth} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return in_fresh_process(os.path.abspath(__file__), "--worker", switch, str(depth), *flags,
+                            env={"MALLOC_MMAP_THRESHOLD_": "131072"})
 
 
 def memory_key(device: str) -> str:
