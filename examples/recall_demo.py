@@ -2,8 +2,8 @@
 
 A tiny Llama (2 layers, width 128) is wrapped with HMT and trained on `hmt_adapters.tasks.RecallTask`: a 4-digit key
 in the first segment, `gap` segments of noise, then a query for the key. A curriculum moves the gap 0 -> 1 -> 2 ->
-4 -> 8 -> 16 as accuracy reaches 95%. The same backbone reading one segment at a time (memory disabled: a sliding window
-of one segment) can only guess.
+4 -> 8 -> 16 as accuracy reaches 95%. The same backbone reading one segment at a time (memory disabled: a sliding
+window of one segment) can only guess.
 
     python examples/recall_demo.py [--out demo_output]
 """
@@ -71,7 +71,8 @@ def plot(results: dict, path: str) -> None:
     for key, label in (("memory", "HMT memory"), ("window", "one-segment window (no memory)")):
         ax.plot([g + 2 for g in gaps], [results["gaps"][g][key][1] for g in gaps], marker="o", label=label)
     ax.axhline(1e-4, color="grey", linestyle=":", label="chance (exact key)")
-    ax.set(xlabel="segments in the sample (key, noise segments, query)", ylabel="exact-key accuracy", xscale="log", ylim=(-0.02, 1.02))
+    ax.set(xlabel="segments in the sample (key, noise segments, query)", ylabel="exact-key accuracy", xscale="log",
+           ylim=(-0.02, 1.02))
     ax.set_xticks([g + 2 for g in gaps], [str(g + 2) for g in gaps])
     ax.legend(fontsize=8)
     fig.tight_layout()
