@@ -96,17 +96,18 @@ def cost() -> str | None:
         return None
     lengths = [str(n) for n in data["lengths"]]
     lines = [f"`python -m benchmarks.run cost` ({commit(data)}). Throughput: a 4-layer width-256 Llama over 16 segments "
-             "of 512 tokens against the bare backbone on the same segments; FLOPs counted by `torch.utils.flop_counter`; "
+             "of 512 tokens against the bare backbone on the same segments; FLOPs counted by `torch.utils.flop_counter` "
+             "(attention: inside the attention modules, minus their projections); "
              "decode: `generate` after an 8-segment prompt against the bare backbone's `generate` in one window; "
              f"peak RSS a `step` stream adds at {', '.join(lengths)} tokens (2-layer model).", "",
-             "| method | tokens/s x bare | FLOPs x bare | decode x bare | stream peak MB | generate peak MB |",
-             "|---|---|---|---|---|---|"]
+             "| method | tokens/s x bare | FLOPs x bare | attention FLOPs x bare | decode x bare | stream peak MB | "
+             "generate peak MB |", "|---|---|---|---|---|---|---|"]
     for name, r in data["throughput"].items():
         if name == "bare":
             continue
         stream = " / ".join(f"{data['stream'][name][n]['peak_extra_mb']:.0f}" for n in lengths)
         gen = " / ".join(f"{data['generate'][name][n]['peak_extra_mb']:.0f}" for n in lengths)
-        lines.append(f"| `{name}` | {r['speed_vs_bare']:.2f} | {r['flops_vs_bare']:.2f} | "
+        lines.append(f"| `{name}` | {r['speed_vs_bare']:.2f} | {r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
                      f"{data['decode'][name]['vs_bare']:.2f} | {stream} | {gen} |")
     return "\n".join(lines)
 
