@@ -15,7 +15,6 @@ have no closed form: their block matrices are accumulated from the per-token mat
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Iterator
 
 import numpy as np
@@ -109,15 +108,17 @@ def legs_transition(order: int, start: int, end: int, dtype: torch.dtype = _F64)
 
 
 class TensorCache:
-    """A least-recently-used store of fixed matrices, bounded by bytes (the precomputed banks of Sec. 2.2-2.3).
+    """A store of fixed matrices bounded by bytes (the precomputed banks of Sec. 2.2-2.3).
 
-    Training revisits the same block positions every sample, so their matrices are built once; a long stream
-    keeps only the newest ones. An entry larger than the whole budget is returned but not kept.
+    Entries are kept while the budget allows and never evicted; once it is full, new matrices are built and
+    returned but not kept. Training revisits the same block positions every sample, and those come first, so
+    they stay; a long stream never revisits a position, so it holds at most the budget (no least-recently-used
+    churn, which a cyclic training pass longer than the budget would turn into a miss on every segment).
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._entries: dict[tuple, torch.Tensor] = {}
         self._used = 0
 
     def __len__(self) -> int:
@@ -128,19 +129,13 @@ class TensorCache:
         return self._used
 
     def get(self, key: tuple) -> torch.Tensor | None:
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
+        return self._entries.get(key)
 
     def put(self, key: tuple, value: torch.Tensor) -> torch.Tensor:
         size = value.numel() * value.element_size()
-        if size <= self.max_bytes and key not in self._entries:
+        if self._used + size <= self.max_bytes and key not in self._entries:
             self._entries[key] = value
             self._used += size
-            while self._used > self.max_bytes:
-                _, old = self._entries.popitem(last=False)
-                self._used -= old.numel() * old.element_size()
         return value
 
 
@@ -153,11 +148,13 @@ class HiPPOLegS:
 
     Signals run along the last axis: `compress(f)` maps `[..., T]` to `[..., N]`, `reconstruct(c, T)` maps
     `[..., N]` back to `[..., T]` (sampled at token midpoints `p + 1/2`), `update(c, f, start)` folds a block into
-    a state in one matmul. Block matrices are built in float64, stored in `dtype`, and kept in an LRU cache of at
-    most `cache_bytes` (the paper's "precomputed bank", Sec. 2.2, without a fixed maximum length).
+    a state in one matmul. Block matrices are built in float64, stored in `dtype`, and kept in a cache of at most
+    `cache_bytes` (the paper's "precomputed bank", Sec. 2.2, without a fixed maximum length).
     """
 
-    def __init__(self, N: int, discretization: str = "zoh", dtype: torch.dtype = torch.float32, cache_bytes: int = 1 << 30):
+    def __init__(
+        self, N: int, discretization: str = "zoh", dtype: torch.dtype = torch.float32, cache_bytes: int = 64 << 20
+    ):
         if isinstance(N, bool) or not isinstance(N, int) or N < 1:
             raise ValueError(f"`N` (the HiPPO order) must be an integer >= 1, got {N!r}.")
         if discretization not in DISCRETIZATIONS:

@@ -131,8 +131,19 @@ def test_memory_size_is_constant_over_a_thousand_segments():
             _, state = model.step(random_ids(1, 200, seed=chunk), state)
             shapes.add(tuple((k, tuple(v.shape)) for k, v in sorted(state.tensors.items())))
     assert state.segments_seen == 1000 and len(shapes) == 1 and int(state.tensors["length"]) == 2000
-    memory = model.memory
-    assert memory.hippo.cache.nbytes <= memory.hippo.cache.max_bytes and memory.readouts.nbytes <= memory.readouts.max_bytes
+    cache = model.memory.hippo.cache
+    assert cache.max_bytes == 64 << 20 and 0 < cache.nbytes <= cache.max_bytes
+
+
+def test_the_matrix_cache_changes_speed_only():
+    ids = random_ids(2, 5 * SEG)
+    cached, uncached = elastic(), elastic(matrix_cache_mb=0)
+    uncached.load_state_dict(cached.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(uncached(input_ids=ids).logits, cached(input_ids=ids).logits, atol=0, rtol=0)
+    assert len(uncached.memory.hippo.cache) == 0 and len(cached.memory.hippo.cache) > 0
+    with pytest.raises(ValueError, match="matrix_cache_mb"):
+        elastic(matrix_cache_mb=-1)
 
 
 def test_no_new_trainable_parameters_or_weights():

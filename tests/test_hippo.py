@@ -216,10 +216,12 @@ def test_bad_arguments_name_the_value_and_what_is_allowed():
         h.compress(torch.zeros(2, 0))
 
 
-def test_the_bank_stays_within_its_byte_budget():
+def test_the_bank_stays_within_its_byte_budget_and_keeps_the_first_blocks():
     h = HiPPOLegS(16, cache_bytes=20_000)
     c = torch.zeros(2, 16)
     for i in range(200):
         c = h.update(c, torch.randn(2, 8), 8 * i)
-    assert h.cache.nbytes <= 20_000 and 0 < len(h.cache) < 40
-    assert h.transition(8 * 199, 8 * 200) is h.transition(8 * 199, 8 * 200)  # the newest block is kept
+    assert 20_000 - 16 * 16 * 4 < h.cache.nbytes <= 20_000 and 0 < len(h.cache) < 40
+    assert h.transition(0, 8) is h.transition(0, 8)  # revisited by every training sample: kept
+    assert h.transition(8 * 199, 8 * 200) is not h.transition(8 * 199, 8 * 200)  # past the budget: rebuilt
+    torch.testing.assert_close(h.transition(8 * 199, 8 * 200), h.transition(8 * 199, 8 * 200))

@@ -19,12 +19,10 @@ import math
 import torch
 
 from ...attention import AttentionCall, AttentionContext
-from ...hippo import HiPPOLegS, TensorCache
+from ...hippo import HiPPOLegS
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import ElasticMemoryConfig
 from .sampling import sample_points
-
-READOUT_CACHE_BYTES = 256 << 20
 
 
 def default_memory_layer(num_layers: int) -> int:
@@ -48,8 +46,7 @@ class ElasticMemory(MemoryMethod):
         n = backbone.num_layers
         layers = (default_memory_layer(n),) if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
-        self.hippo = HiPPOLegS(config.hippo_order)
-        self.readouts = TensorCache(READOUT_CACHE_BYTES)
+        self.hippo = HiPPOLegS(config.hippo_order, cache_bytes=config.matrix_cache_mb << 20)
 
     def set_sampling(self, sampling: str, exp_alpha: float | None = None) -> None:
         """Read the memory with another strategy from now on (test-time bias injection, Sec. 3.5): the state and
@@ -78,12 +75,12 @@ class ElasticMemory(MemoryMethod):
         count = cfg.readout_tokens
         if t == 0:
             return torch.zeros(count, cfg.hippo_order, device=device)
-        key = (t, cfg.sampling, count, cfg.exp_alpha, str(device))
-        hit = self.readouts.get(key)
+        key = ("R", t, cfg.sampling, count, cfg.exp_alpha, str(device))
+        hit = self.hippo.cache.get(key)
         if hit is not None:
             return hit
         points = sample_points(cfg.sampling, t, count, cfg.hippo_order, cfg.exp_alpha)
-        return self.readouts.put(key, self.hippo.basis(points, t, device))
+        return self.hippo.cache.put(key, self.hippo.basis(points, t, device))
 
     def block_matrices(self, lengths: list[int], real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`P` `[B|1, N, N]` and `K` `[B|1, N, L]` folding the real tokens of a segment (`real` `[B, L]`) into
