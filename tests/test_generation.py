@@ -50,6 +50,19 @@ def test_decoding_inside_a_segment_extends_its_cache_instead_of_reading_it_again
     assert plans_for(2) == plans_for(SEGMENT)  # tokens decoded inside the open segment never re-plan it
 
 
+@pytest.mark.parametrize("method,reader", [("trams", "read_trams"), ("transformer_xl", "read_all")])
+def test_decoding_inside_a_segment_reads_query_free_memory_once(method, reader, monkeypatch):
+    import hmt_adapters.methods.unimem.method as unimem
+
+    model = wrap(method, "llama").eval()
+    reads = []
+    original = getattr(unimem, reader)
+    monkeypatch.setattr(unimem, reader, lambda *args: reads.append(1) or original(*args))
+    ids = random_ids(1, 2 * SEGMENT)
+    model.generate(input_ids=ids, **no_eos(SEGMENT - 1))  # the third segment is decoded token by token, not closed
+    assert len(reads) == 3 * len(model.memory.layers)  # each of the three segments once per memory layer
+
+
 @pytest.mark.parametrize("family", ["llama", "mamba"])
 def test_sampling_options_and_seeds_are_honoured(family):
     model = wrap("hmt", family).eval()

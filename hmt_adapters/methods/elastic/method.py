@@ -20,6 +20,7 @@ import torch
 
 from ...attention import AttentionCall, AttentionContext
 from ...hippo import HiPPOLegS
+from ...memory.reuse import read_once
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import ElasticMemoryConfig
 from .sampling import sample_points
@@ -112,11 +113,16 @@ class ElasticMemory(MemoryMethod):
         visible = (lengths > 0)[:, None, None, None]  # [B, 1, 1, 1] -> every query sees every memory token
 
         def read(layer: int):
-            def attend(call: AttentionCall, ctx: AttentionContext):
+            def memory_tokens(call: AttentionCall, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
                 with torch.autocast(call.query.device.type, enabled=False):
                     k_mem = R[:, None] @ state[f"k.{layer}"].float()  # Eq. 8; keys stay un-rotated (Sec. 2.3)
                     v_mem = R[:, None] @ state[f"v.{layer}"].float()
-                return call.run_with_prefix(k_mem, v_mem, visible)
+                return k_mem, v_mem
+
+            tokens = read_once(memory_tokens)
+
+            def attend(call: AttentionCall, ctx: AttentionContext):
+                return call.run_with_prefix(*tokens(call, ctx), visible)
 
             return attend
 

@@ -10,6 +10,7 @@ from ...attention import AttentionCall, AttentionContext
 from ...memory import RecurrentTokens, learned_tokens
 from ...memory.attend import MemoryRead, attend_memory
 from ...memory.kv import init_kv_state, push_kv
+from ...memory.reuse import read_once
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import UniMemConfig
 from .reading import SegmentFrame, read_all, read_trams, read_union
@@ -62,13 +63,20 @@ class UniMem(MemoryMethod):
         return read_union(k, v, frame, call, context, window, global_tokens, topk)
 
     def _attend(self, layer: int, state: State, frame: SegmentFrame):
-        """The layer's attention with memory: its read joined to the local keys (gated or one joint softmax)."""
+        """The layer's attention with memory: its read joined to the local keys (gated or one joint softmax).
+        `all` and `trams` reads do not depend on the queries: decoding a segment token by token reads them once."""
         gate = None
         if self.gate is not None:
             gate = torch.sigmoid(self.gate[self.layers.index(layer)])[None, :, None, None]
 
+        def read(call: AttentionCall, context: AttentionContext) -> MemoryRead:
+            return self.read(layer, state, frame, call, context)
+
+        if self.settings.reading in ("all", "trams"):
+            read = read_once(read)
+
         def attend(call: AttentionCall, context: AttentionContext):
-            return attend_memory(call, self.read(layer, state, frame, call, context), gate)
+            return attend_memory(call, read(call, context), gate)
 
         return attend
 
