@@ -36,18 +36,30 @@ def small_llama(
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
 
 
-def interleaved_speed(runs: dict[str, Callable[[], int]], rounds: int = 5) -> dict[str, float]:
-    """Median tokens/s of each callable (which returns the tokens it processed), rounds interleaved so that every
-    run sees the same machine noise; one warm-up call each."""
+def interleaved_medians(runs: dict[str, Callable[[], float]], rounds: int = 5) -> dict[str, float]:
+    """Median of what each callable returns (a measurement), rounds interleaved so that every run sees the same
+    machine noise; one warm-up call each."""
     for fn in runs.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
         for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
-            start = time.perf_counter()
-            tokens = runs[name]()
-            samples[name].append(tokens / (time.perf_counter() - start))
+            samples[name].append(runs[name]())
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def interleaved_speed(runs: dict[str, Callable[[], int]], rounds: int = 5) -> dict[str, float]:
+    """Median tokens/s of each callable (which returns the tokens it processed), by `interleaved_medians`."""
+
+    def rate(fn: Callable[[], int]) -> Callable[[], float]:
+        def timed() -> float:
+            start = time.perf_counter()
+            tokens = fn()
+            return tokens / (time.perf_counter() - start)
+
+        return timed
+
+    return interleaved_medians({name: rate(fn) for name, fn in runs.items()}, rounds)
 
 
 def counted_flops(fn: Callable[[], object], attention_module: str = "self_attn") -> dict[str, int]:

@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -28,6 +29,7 @@ from common import (  # noqa: E402
     RESULTS,
     counted_flops,
     in_fresh_process,
+    interleaved_medians,
     interleaved_speed,
     peak_rss_bytes,
     provenance,
@@ -86,6 +88,12 @@ def throughput(methods: list[str]) -> dict:
     }
 
 
+def peaks(before: int) -> dict:
+    """The process's peak RSS (MB) and what it added to `before` (the RSS with the model built)."""
+    peak = peak_rss_bytes()
+    return {"peak_mb": peak / 2**20, "peak_extra_mb": (peak - before) / 2**20}
+
+
 def stream_worker(method: str, length: int) -> dict:
     """In a fresh process: stream `length` tokens through `step` 8 segments at a time; peak RSS it adds."""
     torch.set_num_threads(1)
@@ -96,9 +104,9 @@ def stream_worker(method: str, length: int) -> dict:
     with torch.no_grad():
         for offset in range(0, length, chunk):
             size = min(chunk, length - offset)
-            _, state = model.step(torch.randint(0, TINY["vocab"], (1, size), generator=gen), state)
+            state = model.step(torch.randint(0, TINY["vocab"], (1, size), generator=gen), state)[1]  # logits freed
     seconds = time.perf_counter() - start
-    return {"peak_extra_mb": (peak_rss_bytes() - before) / 2**20, "tokens_per_s": length / seconds}
+    return {**peaks(before), "tokens_per_s": length / seconds}
 
 
 def generate_worker(method: str, prompt: int) -> dict:
@@ -108,29 +116,27 @@ def generate_worker(method: str, prompt: int) -> dict:
     ids = document(prompt, TINY["vocab"])
     before = rss_bytes()
     model.generate(input_ids=ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
-    return {"peak_extra_mb": (peak_rss_bytes() - before) / 2**20}
+    return peaks(before)
 
 
-def decode_speed(methods: list[str]) -> dict:
-    """Decode tokens/s with memory (prompt of 8 segments) against the bare backbone's generate in one window."""
+def decode_speed(methods: list[str], rounds: int = 3) -> dict:
+    """Decode tokens/s with memory (prompt of 8 segments) against the bare backbone's generate in one window;
+    each a median over interleaved rounds after a warm-up (which builds any cached matrices)."""
     greedy = dict(do_sample=False, pad_token_id=0)
 
-    def timed(model, ids, new):
-        start = time.perf_counter()
-        model.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy)
-        return time.perf_counter() - start
+    def decode_rate(model, ids) -> Callable[[], float]:
+        def timed(new: int) -> float:
+            start = time.perf_counter()
+            model.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy)
+            return time.perf_counter() - start
 
-    out = {}
-    base = small_llama()
-    short = document(SEGMENT - NEW_TOKENS)
-    bare = (timed(base, short, NEW_TOKENS + 1) - timed(base, short, 1)) / NEW_TOKENS
-    out["bare"] = {"decode_tokens_per_s": 1 / bare, "vs_bare": 1.0}
+        return lambda: NEW_TOKENS / (timed(NEW_TOKENS + 1) - timed(1))  # the prompt's prefill cancels out
+
+    runs = {"bare": decode_rate(small_llama(), document(SEGMENT - NEW_TOKENS))}
     long = document(8 * SEGMENT)
-    for m in methods:
-        model = wrapped(m)
-        per_token = (timed(model, long, NEW_TOKENS + 1) - timed(model, long, 1)) / NEW_TOKENS
-        out[m] = {"decode_tokens_per_s": 1 / per_token, "vs_bare": bare / per_token}
-    return out
+    runs.update({m: decode_rate(wrapped(m), long) for m in methods})
+    speed = interleaved_medians(runs, rounds)
+    return {name: {"decode_tokens_per_s": rate, "vs_bare": rate / speed["bare"]} for name, rate in speed.items()}
 
 
 def in_fresh_processes(kind: str, methods: list[str], lengths: list[int]) -> dict:
@@ -144,18 +150,21 @@ def print_tables(result: dict) -> None:
     for name, r in result["throughput"].items():
         print(f"{name:24} {r['tokens_per_s']:8,.0f} {r['speed_vs_bare']:7.2f} {r['flops_vs_bare']:8.2f} {r['attention_flops_vs_bare']:13.2f}")
     lengths = result["lengths"]
-    print("\nPeak RSS added by a step() stream (MB), 2-layer model:")
-    print(f"{'method':24} " + " ".join(f"{n:>9,}" for n in lengths) + "   last/first")
-    for m, row in result["stream"].items():
-        vals = [row[str(n)]["peak_extra_mb"] for n in lengths]
-        print(f"{m:24} " + " ".join(f"{v:9.1f}" for v in vals) + f"   {vals[-1] / max(vals[0], 1e-9):9.2f}")
-    print("\nGeneration: decode tokens/s (prompt 8 segments, 256 new tokens) vs the bare backbone in one window")
-    for m, r in result["decode"].items():
-        print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
-    print("\nPeak RSS added by generate() against prompt length (MB):")
-    for m, row in result["generate"].items():
-        vals = [row[str(n)]["peak_extra_mb"] for n in lengths]
-        print(f"{m:24} " + " ".join(f"{v:9.1f}" for v in vals) + f"   {vals[-1] / max(vals[0], 1e-9):9.2f}")
+    for part, title in (("stream", "a step() stream"), ("generate", "generate() after a prompt")):
+        print(f"\nPeak RSS of {title}, 2-layer model: added to the built model (MB) at each length; peak ratio")
+        print(f"{'method':24} " + " ".join(f"{n:>9,}" for n in lengths) + "   peak last/first")
+        for m, row in result[part].items():
+            added = " ".join(f"{row[str(n)]['peak_extra_mb']:9.1f}" for n in lengths)
+            print(f"{m:24} {added}   {peak_ratio(row, lengths):9.3f}")
+        if part == "stream":
+            print("\nGeneration: decode tokens/s (prompt 8 segments, 256 new tokens) vs the bare backbone in one window")
+            for m, r in result["decode"].items():
+                print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
+
+
+def peak_ratio(row: dict, lengths: list[int]) -> float:
+    """Process peak RSS at the longest length over the shortest (the goal: <= 1.05)."""
+    return row[str(lengths[-1])]["peak_mb"] / row[str(lengths[0])]["peak_mb"]
 
 
 def plot(result: dict, path: Path) -> None:

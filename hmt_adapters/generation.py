@@ -119,6 +119,8 @@ class MemoryGenerationCache:
         if self.open is None:
             segment = Segment(ids, mask, self.state.segments_seen, adapter.embed(ids), closes=False)
             layout = method.prepare(segment, self.state.tensors, method.plan([segment], self.state.tensors)[0])
+            if layout.attention is not None:  # records feed `update`, and a segment is read again when it closes
+                layout.attention.record_layers = frozenset()
             window, window_mask = self.model.runtime.assemble(segment, layout, suffix=False)
             self.open = OpenSegment(ids[:, :0], mask[:, :0], layout, window_mask[:, :0], None, ids.shape[1])
             new_embeds, new_mask = window, window_mask

@@ -36,6 +36,25 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def head_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """`query @ key^T` `[B, Hq, q, k]` for `key` `[B, Hk, k, D]` with `Hk` dividing `Hq` (query head h reads key
+    head h // (Hq / Hk)), by grouping the queries instead of repeating the keys."""
+    batch, heads, q_len, dim = query.shape
+    if key.shape[1] == heads:
+        return query @ key.transpose(-1, -2)
+    grouped = query.reshape(batch, key.shape[1], heads // key.shape[1] * q_len, dim)
+    return (grouped @ key.transpose(-1, -2)).view(batch, heads, q_len, key.shape[2])
+
+
+def head_mix(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`probs @ value` `[B, Hq, q, D]` for `value` `[B, Hk, k, D]` with `Hk` dividing `Hq`, without repeating it."""
+    batch, heads, q_len, width = probs.shape
+    if value.shape[1] == heads:
+        return probs @ value
+    grouped = probs.reshape(batch, value.shape[1], heads // value.shape[1] * q_len, width)
+    return (grouped @ value).view(batch, heads, q_len, value.shape[-1])
+
+
 def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | None = None):
     """The layer's attention output `([B, q, Hq, D], None)` with `read` joined to its local keys.
 
@@ -48,9 +67,9 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
     local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-    if shared_only and call.impl != "eager":  # memory per query head (TRAMS under GQA): local K/V to query heads
+    if shared_only and call.impl != "eager" and q_len > 1:  # memory per query head (TRAMS under GQA)
         out = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
-    else:
+    else:  # eager, gated, retrieved per query, or one decoded token: explicit, nothing concatenated but logits
         out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate)
     return out.transpose(1, 2).contiguous(), None
 
@@ -94,13 +113,10 @@ def joint_attention(
     own mask as bool `[B|1, 1|Hq, q, k]`. A query without any visible memory entry gets local attention only
     under the gate (its memory softmax would be empty).
     """
-    heads = query.shape[1]
-    k_loc, v_loc = expand_heads(key, heads), expand_heads(value, heads)
-    k_mem, v_mem = expand_heads(read.k, heads).to(query.dtype), expand_heads(read.v, heads).to(query.dtype)
-    mem_visible = expand_heads(read.visible, heads)
-    s_loc = _masked(query @ k_loc.transpose(-1, -2) * scaling, local_visible)
-    s_mem = [_masked(query @ k_mem.transpose(-1, -2) * scaling, mem_visible)]
-    v_parts = [v_mem]
+    mem_visible = expand_heads(read.visible, query.shape[1])
+    s_loc = _masked(head_scores(query, key) * scaling, local_visible)
+    s_mem = [_masked(head_scores(query, read.k.to(query.dtype)) * scaling, mem_visible)]
+    v_parts = [read.v.to(query.dtype)]
     mem_any = mem_visible.any(-1, keepdim=True)
     if read.pq_logits is not None:
         s_mem.insert(0, _masked(read.pq_logits, read.pq_visible))
@@ -113,14 +129,14 @@ def joint_attention(
         for v in values:
             width = v.shape[-2]  # S entries ([B, H, S, D]) or K per query ([B, H, q, K, D])
             p = probs[..., start : start + width]
-            out = out + (p @ v if v.dim() == 4 else torch.einsum("bhqk,bhqkd->bhqd", p, v))
+            out = out + (head_mix(p, v) if v.dim() == 4 else torch.einsum("bhqk,bhqkd->bhqd", p, v))
             start += width
         return out
 
     if gate is None:
         probs = torch.softmax(torch.cat(s_mem + [s_loc], dim=-1), dim=-1)
-        return weighted(probs, v_parts + [v_loc])
+        return weighted(probs, v_parts + [value])
     mem_out = weighted(torch.softmax(torch.cat(s_mem, dim=-1), dim=-1), v_parts)
-    loc_out = weighted(torch.softmax(s_loc, dim=-1), [v_loc])
+    loc_out = weighted(torch.softmax(s_loc, dim=-1), [value])
     alpha = torch.where(mem_any, gate.to(query.dtype), torch.zeros((), dtype=query.dtype))
     return alpha * mem_out + (1 - alpha) * loc_out
