@@ -13,6 +13,7 @@ import torch
 
 from ...attention import AttentionCall, AttentionContext, rotate
 from ...backbones import BackboneAdapter
+from ...memory.reuse import read_once
 
 Read = Callable[[AttentionCall, AttentionContext], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -27,14 +28,19 @@ def short_term_read(backbone: BackboneAdapter, layer: int, memory: torch.Tensor,
     memory is still empty (`valid` `[B]` False) see none of it: the trapezoid mask of spec §2.3 otherwise.
     """
 
-    def read(call: AttentionCall, context: AttentionContext):
+    size = memory.shape[1]
+    visible = valid[:, None, None, None].expand(-1, 1, 1, size)
+
+    def memory_kv(call: AttentionCall, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = backbone.layer_kv(layer, memory.to(call.query.dtype))
-        size = memory.shape[1]
         positions = torch.arange(-size, 0, device=memory.device).expand(memory.shape[0], size)
         rope = context.rope_at(positions, call.query)
-        if rope is not None:
-            keys = rotate(keys, *rope)
-        return call.run_with_prefix(keys, values, valid[:, None, None, None].expand(-1, 1, 1, size))
+        return (keys if rope is None else rotate(keys, *rope)), values
+
+    prefix = read_once(memory_kv)  # the same for every token decoded in the window
+
+    def read(call: AttentionCall, context: AttentionContext):
+        return call.run_with_prefix(*prefix(call, context), visible)
 
     return read
 
