@@ -5,8 +5,10 @@
    `torch.utils.flop_counter` on an eager-attention copy); rounds interleaved so ratios share the machine's noise;
 2. streaming memory: peak RSS a `step` stream adds at 4k, 10k, 100k and 1M tokens (a fresh process per point; a 2-layer
    model);
-3. generation: decode tokens/s of `generate` with memory (prompt of 8 segments, 256 new tokens crossing segment
-   boundaries) against the bare backbone's `generate` inside one window; peak RSS against prompt length.
+3. generation: decode tokens/s of `generate` with memory (a prompt of 7.5 segments, then one segment's worth of new
+   tokens, one fold into memory included) against the bare backbone's `generate` inside one window, on the 4-layer
+   model (`decode`) and on SmolLM2-135M with 256-token segments (`decode_smollm2`, not in the default parts: ~15 min);
+   peak RSS against prompt length.
 
     python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 4096 10240 102400 1048576] [--parts decode ...]
 
@@ -43,7 +45,8 @@ import hmt_adapters as ha  # noqa: E402
 
 SEGMENT = 512
 SEGMENTS = 16
-NEW_TOKENS = 256
+SMOLLM2_SEGMENT = 256
+DEFAULT_PARTS = ["throughput", "stream", "decode", "generate"]
 TINY = dict(layers=2, dim=64, heads=4, kv_heads=2, ffn=128, vocab=8192)
 
 
@@ -119,9 +122,17 @@ def generate_worker(method: str, prompt: int) -> dict:
     return peaks(before)
 
 
-def decode_speed(methods: list[str], rounds: int = 3) -> dict:
-    """Decode tokens/s with memory (prompt of 8 segments) against the bare backbone's generate in one window;
-    each a median over interleaved rounds after a warm-up (which builds any cached matrices)."""
+def decode_speed(methods: list[str], backbone: str = "tiny", rounds: int = 3) -> dict:
+    """Decode tokens/s of `generate` with memory against the bare backbone's `generate` in one window; medians over
+    interleaved rounds after a warm-up (which builds any cached matrices).
+
+    With memory, the prompt ends half a segment before a boundary and one segment's worth of tokens is decoded, so
+    each run folds exactly one segment into memory: the steady-state cost per token, folding included.
+    """
+    if backbone == "smollm2":
+        segment, build = SMOLLM2_SEGMENT, lambda: ha.backbones.smollm2()[0].eval()
+    else:
+        segment, build = SEGMENT, small_llama
     greedy = dict(do_sample=False, pad_token_id=0)
 
     def decode_rate(model, ids) -> Callable[[], float]:
@@ -130,11 +141,12 @@ def decode_speed(methods: list[str], rounds: int = 3) -> dict:
             model.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy)
             return time.perf_counter() - start
 
-        return lambda: NEW_TOKENS / (timed(NEW_TOKENS + 1) - timed(1))  # the prompt's prefill cancels out
+        return lambda: segment / (timed(segment + 1) - timed(1))  # the prompt's prefill cancels out
 
-    runs = {"bare": decode_rate(small_llama(), document(SEGMENT - NEW_TOKENS))}
-    long = document(8 * SEGMENT)
-    runs.update({m: decode_rate(wrapped(m), long) for m in methods})
+    vocab = build().config.vocab_size
+    runs = {"bare": decode_rate(build(), document(1, vocab))}
+    prompt = document(8 * segment - segment // 2, vocab)
+    runs.update({m: decode_rate(ha.wrap_with_memory(build(), m, segment_length=segment).eval(), prompt) for m in methods})
     speed = interleaved_medians(runs, rounds)
     return {name: {"decode_tokens_per_s": rate, "vs_bare": rate / speed["bare"]} for name, rate in speed.items()}
 
@@ -156,10 +168,11 @@ def print_tables(result: dict) -> None:
         for m, row in result[part].items():
             added = " ".join(f"{row[str(n)]['peak_extra_mb']:9.1f}" for n in lengths)
             print(f"{m:24} {added}   {peak_ratio(row, lengths):9.3f}")
-        if part == "stream":
-            print("\nGeneration: decode tokens/s (prompt 8 segments, 256 new tokens) vs the bare backbone in one window")
-            for m, r in result["decode"].items():
-                print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
+        for decode, model in (("decode", "4-layer Llama"), ("decode_smollm2", "SmolLM2-135M")):
+            if part == "stream" and decode in result:
+                print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one window")
+                for m, r in result[decode].items():
+                    print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
 
 
 def peak_ratio(row: dict, lengths: list[int]) -> float:
@@ -189,8 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=ha.available_methods())
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 10240, 102400, 1048576])
-    parser.add_argument("--parts", nargs="+", default=["throughput", "stream", "decode", "generate"],
-                        choices=["throughput", "stream", "decode", "generate"],
+    parser.add_argument("--parts", nargs="+", default=DEFAULT_PARTS, choices=DEFAULT_PARTS + ["decode_smollm2"],
                         help="what to measure; a subset of parts or methods updates the existing cost.json")
     parser.add_argument("--worker", nargs=3, metavar=("KIND", "METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -203,10 +215,11 @@ def main() -> None:
         "throughput": lambda: throughput(args.methods),
         "stream": lambda: in_fresh_processes("stream", args.methods, args.lengths),
         "decode": lambda: decode_speed(args.methods),
+        "decode_smollm2": lambda: decode_speed(args.methods, "smollm2", rounds=2),
         "generate": lambda: in_fresh_processes("generate", args.methods, args.lengths),
     }
     result = {"segment_length": SEGMENT, "lengths": args.lengths}
-    if args.parts != list(parts) or args.methods != ha.available_methods():  # update the last run's results
+    if args.parts != DEFAULT_PARTS or args.methods != ha.available_methods():  # update the last run's results
         result = json.loads((RESULTS / "cost.json").read_text())
         result.setdefault("full_run", result.pop("provenance"))
         result.setdefault("remeasured", {})
