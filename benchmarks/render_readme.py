@@ -95,15 +95,19 @@ def cost() -> str | None:
     if data is None:
         return None
     lengths = [str(n) for n in data["lengths"]]
+    smol = data.get("decode_smollm2", {})
     lines = [f"`python -m benchmarks.run cost` ({commit(data)}). Throughput: a 4-layer width-256 Llama over 16 segments "
              "of 512 tokens against the bare backbone on the same segments; FLOPs counted by `torch.utils.flop_counter` "
              "(attention: inside the attention modules, minus their projections); "
-             "decode: `generate` after an 8-segment prompt against the bare backbone's `generate` in one window; "
+             "decode: `generate` of one segment's worth of tokens after a 7.5-segment prompt (one fold into memory "
+             "per run) against the bare backbone's `generate` in one window, on the 4-layer model"
+             + (" and on SmolLM2-135M with 256-token segments (`--parts decode_smollm2`)" if smol else "") + "; "
              f"stream / generate: the peak RSS (MB) a `step` stream of, or a `generate` after a prompt of, "
              f"{', '.join(lengths)} tokens adds to the built 2-layer model, and in brackets the process's peak RSS at "
-             "the longest over the shortest (goal <= 1.05x).", "",
-             "| method | tokens/s x bare | FLOPs x bare | attention FLOPs x bare | decode x bare | stream peak MB added | "
-             "generate peak MB added |", "|---|---|---|---|---|---|---|"]
+             "the longest over the shortest (goal <= 1.05x).", ""]
+    header = ["method", "tokens/s x bare", "FLOPs x bare", "attention FLOPs x bare", "decode x bare"]
+    header += ["decode x bare (SmolLM2)"] * bool(smol) + ["stream peak MB added", "generate peak MB added"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
     def peaks(row: dict) -> str:
         added = " / ".join(f"{row[n]['peak_extra_mb']:.0f}" for n in lengths)
@@ -112,9 +116,11 @@ def cost() -> str | None:
     for name, r in data["throughput"].items():
         if name == "bare":
             continue
-        stream, gen = peaks(data["stream"][name]), peaks(data["generate"][name])
-        lines.append(f"| `{name}` | {r['speed_vs_bare']:.2f} | {r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
-                     f"{data['decode'][name]['vs_bare']:.2f} | {stream} | {gen} |")
+        cells = [f"`{name}`", f"{r['speed_vs_bare']:.2f}", f"{r['flops_vs_bare']:.2f}", f"{r['attention_flops_vs_bare']:.2f}",
+                 f"{data['decode'][name]['vs_bare']:.2f}"]
+        cells += [f"{smol[name]['vs_bare']:.2f}" if name in smol else "-"] * bool(smol)
+        cells += [peaks(data["stream"][name]), peaks(data["generate"][name])]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
