@@ -7,8 +7,9 @@
    model);
 3. generation: decode tokens/s of `generate` with memory (a prompt of 7.5 segments, then one segment's worth of new
    tokens, one fold into memory included) against the bare backbone's `generate` inside one window, on the 4-layer
-   model (`decode`) and on SmolLM2-135M with 256-token segments (`decode_smollm2`, not in the default parts: ~15 min);
-   peak RSS against prompt length.
+   model (`decode`) and on SmolLM2-135M with 256-token segments (`decode_smollm2`, ~15 min: not in the default parts,
+   and a default run starts a new cost.json, so add it afterwards with `--parts decode_smollm2`); peak RSS against
+   prompt length.
 
     python benchmarks/cost.py [--methods hmt rmt ...] [--lengths 4096 10240 102400 1048576] [--parts decode ...]
 
@@ -143,8 +144,9 @@ def decode_speed(methods: list[str], backbone: str = "tiny", rounds: int = 3) ->
 
         return lambda: segment / (timed(segment + 1) - timed(1))  # the prompt's prefill cancels out
 
-    vocab = build().config.vocab_size
-    runs = {"bare": decode_rate(build(), document(1, vocab))}
+    bare = build()
+    vocab = bare.config.vocab_size
+    runs = {"bare": decode_rate(bare, document(1, vocab))}
     prompt = document(8 * segment - segment // 2, vocab)
     runs.update({m: decode_rate(ha.wrap_with_memory(build(), m, segment_length=segment).eval(), prompt) for m in methods})
     speed = interleaved_medians(runs, rounds)
@@ -168,11 +170,11 @@ def print_tables(result: dict) -> None:
         for m, row in result[part].items():
             added = " ".join(f"{row[str(n)]['peak_extra_mb']:9.1f}" for n in lengths)
             print(f"{m:24} {added}   {peak_ratio(row, lengths):9.3f}")
-        for decode, model in (("decode", "4-layer Llama"), ("decode_smollm2", "SmolLM2-135M")):
-            if part == "stream" and decode in result:
-                print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one window")
-                for m, r in result[decode].items():
-                    print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
+    for decode, model in (("decode", "4-layer Llama"), ("decode_smollm2", "SmolLM2-135M")):
+        if decode in result:
+            print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one window")
+            for m, r in result[decode].items():
+                print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
 
 
 def peak_ratio(row: dict, lengths: list[int]) -> float:
