@@ -86,6 +86,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_ratio(row: dict, lengths: list) -> float:
+    """Process peak RSS at the longest of `lengths` over the shortest, from a `{length: {"peak_mb": ...}}` row of
+    results (the memory-flatness goal: <= 1.05)."""
+    return row[str(lengths[-1])]["peak_mb"] / row[str(lengths[0])]["peak_mb"]
+
+
 def in_fresh_process(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
     """Run `python script *args` (with `env` added to the environment) and parse the JSON object its last output line
     prints (clean peak RSS)."""

@@ -34,6 +34,7 @@ from common import (  # noqa: E402
     in_fresh_process,
     interleaved_medians,
     interleaved_speed,
+    peak_ratio,
     peak_rss_bytes,
     provenance,
     pyplot,
@@ -175,11 +176,6 @@ def print_tables(result: dict) -> None:
             print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one window")
             for m, r in result[decode].items():
                 print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
-
-
-def peak_ratio(row: dict, lengths: list[int]) -> float:
-    """Process peak RSS at the longest length over the shortest (the goal: <= 1.05)."""
-    return row[str(lengths[-1])]["peak_mb"] / row[str(lengths[0])]["peak_mb"]
 
 
 def plot(result: dict, path: Path) -> None:

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable
 
-from common import RESULTS, ROOT, write_result
+from common import RESULTS, ROOT, peak_ratio, write_result
 
 README = ROOT / "README.md"
 
@@ -111,7 +111,7 @@ def cost() -> str | None:
 
     def peaks(row: dict) -> str:
         added = " / ".join(f"{row[n]['peak_extra_mb']:.0f}" for n in lengths)
-        return f"{added} ({row[lengths[-1]]['peak_mb'] / row[lengths[0]]['peak_mb']:.2f}x)"
+        return f"{added} ({peak_ratio(row, lengths):.2f}x)"
 
     for name, r in data["throughput"].items():
         if name == "bare":
