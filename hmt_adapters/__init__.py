@@ -8,11 +8,13 @@ from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
 from .methods.unimem import TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
+from .auto import AutoMemoryModelForCausalLM
 from .outputs import MemoryCausalLMOutput, MemoryState
 from .registry import available_methods, register_method
 from .version import __version__
 
 __all__ = [
+    "AutoMemoryModelForCausalLM",
     "ElasticMemoryConfig",
     "HMTConfig",
     "MelodiConfig",

@@ -15,7 +15,10 @@ from typing import Any, ClassVar
 CONFIG_NAME = "memory_config.json"
 
 # Keys `save_pretrained` writes beside the config fields; they describe the checkpoint, not the method.
-METADATA_KEYS = ("hmt_adapters_version", "base_model_name_or_path", "base_model_type", "embed_dim")
+METADATA_KEYS = (
+    "format_version", "hmt_adapters_version", "base_model_name_or_path", "base_model_architecture", "base_model_type",
+    "embed_dim", "hidden_size", "num_hidden_layers", "vocab_size",
+)
 
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:

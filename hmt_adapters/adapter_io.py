@@ -1,0 +1,276 @@
+"""Adapter files: `memory_config.json` + `memory_adapter.safetensors` (+ the peft adapter files), written atomically
+and read back with every check that keeps an adapter off a backbone it was not made for.
+
+The frozen backbone is never written: an adapter is what the memory method (and peft) added. The config records
+the base model (name, architecture, widths, vocabulary) and the file format version; loading refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from . import checkpoint, hub
+from .backbones import BackboneAdapter, get_backbone_adapter, unwrap_causal_lm
+from .config import CONFIG_NAME, METADATA_KEYS, MemoryConfig, read_json_object
+from .registry import get_method
+from .version import __version__
+
+if TYPE_CHECKING:
+    from .model import MemoryModel
+
+logger = logging.getLogger(__name__)
+
+# Version of the adapter folder layout and of the metadata in memory_config.json. Files without the key were written
+# by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record.
+FORMAT_VERSION = 1
+# Files of an earlier save that a new one may not write (a save without peft after one with it): removed on save.
+PEFT_FILES = (hub.LORA_CONFIG_NAME, hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)
+# What `from_pretrained` accepts besides the download keywords and the config fields.
+LOAD_KWARGS = ("is_trainable", "inplace")
+FILE_KIND = "memory_adapter"  # safetensors metadata `hmt_adapters_file` of the memory weights
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return unwrap_causal_lm(model) is not model
+
+
+def backbone_facts(adapter: BackboneAdapter) -> dict[str, Any]:
+    """What an adapter depends on in its base model: architecture, widths, depth and vocabulary."""
+    config = adapter.config
+    return {
+        "base_model_architecture": type(adapter.model).__name__,
+        "base_model_type": adapter.model_type,
+        "embed_dim": adapter.embed_dim,
+        "hidden_size": getattr(config, "hidden_size", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "vocab_size": adapter.vocab_size,
+    }
+
+
+def base_metadata(model: "MemoryModel") -> dict[str, Any]:
+    """The metadata `save_pretrained` writes beside the config fields (see `config.METADATA_KEYS`)."""
+    name = getattr(model.adapter.config, "_name_or_path", "") or None
+    return {
+        "format_version": FORMAT_VERSION,
+        "hmt_adapters_version": __version__,
+        "base_model_name_or_path": name,
+        **backbone_facts(model.adapter),
+    }
+
+
+def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes one)."""
+    if state_dict is None:
+        return {k: v.detach() for k, v in model.memory.state_dict().items()}
+    prefix = checkpoint.MEMORY_PREFIX
+    return {k[len(prefix):]: v.detach() for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+# ---- saving ----------------------------------------------------------------------------------------------------
+
+
+def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
+    weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
+    save_file(
+        weights, os.path.join(folder, hub.WEIGHTS_NAME),
+        metadata={"format": "pt", "method": model.method, "hmt_adapters_file": FILE_KIND},
+    )
+    if is_peft(model.backbone):
+        peft_state = None
+        if state_dict is not None:
+            prefix = f"{model.base_model_prefix}."
+            peft_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        model.backbone.save_pretrained(folder, state_dict=peft_state)
+    with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as fh:
+        fh.write(model.memory_config.to_json_string(**base_metadata(model)))
+
+
+def _move_in(tmp: str, directory: str) -> None:
+    """Move every entry of `tmp` into `directory` (the config last) and drop peft files the new save did not write."""
+    if not os.path.exists(directory):
+        os.replace(tmp, directory)
+        return
+    written = sorted(os.listdir(tmp), key=lambda n: n == CONFIG_NAME)
+    for name in written:
+        target = os.path.join(directory, name)
+        if os.path.isdir(os.path.join(tmp, name)) and os.path.isdir(target):
+            shutil.rmtree(target)  # a peft adapter saved under a non-default name
+        os.replace(os.path.join(tmp, name), target)
+    stale = [n for n in PEFT_FILES if n not in written and os.path.isfile(os.path.join(directory, n))]
+    for name in stale:
+        os.remove(os.path.join(directory, name))
+    if stale:
+        logger.info("Removed %s of an earlier save from %s: this adapter has no peft part.", stale, directory)
+
+
+def save_adapter(
+    model: "MemoryModel",
+    directory: str | os.PathLike,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    is_main_process: bool = True,
+    trainer_weights: bool = False,
+) -> None:
+    """Write the adapter into `directory` (main process only), atomically per save.
+
+    Every file is first written to a temporary folder beside `directory`; only once all are written are they moved
+    in, so an error while writing leaves an earlier save untouched. Peft files of an earlier save that this one does
+    not write are removed (a later load would apply them). `trainer_weights` adds the Trainer's `model.safetensors`.
+    """
+    if not is_main_process:
+        return
+    directory = os.path.abspath(os.fspath(directory))
+    if os.path.isfile(directory):
+        raise ValueError(f"`save_directory` {directory!r} is a file; pass a directory.")
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(directory)}.tmp-")
+    try:
+        os.chmod(tmp, os.stat(parent).st_mode & 0o777)
+        _write_files(model, tmp, state_dict)
+        if trainer_weights:
+            checkpoint.save_trainer_weights(model, tmp, state_dict)
+        _move_in(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+
+
+def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> tuple[MemoryConfig, dict[str, Any]]:
+    """The saved config with `overrides` applied, and its metadata; every field of the method must be in the file."""
+    path = os.path.join(folder, CONFIG_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{source!r} has no {CONFIG_NAME}; is it a directory written by save_pretrained?")
+    data = read_json_object(path, "The memory config file")
+    meta = {k: data.pop(k) for k in METADATA_KEYS if k in data}
+    version = meta.get("format_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
+        raise ValueError(
+            f"The adapter at {source!r} has format version {version!r}, but hmt-adapters {__version__} reads formats "
+            f"0 to {FORMAT_VERSION}: it was written by a newer hmt-adapters; upgrade the package to load it."
+        )
+    if "method" not in data:
+        raise ValueError(f"{path} has no `method` key; it is needed to pick the config class.")
+    entry = get_method(data["method"])
+    fields = entry.config_cls.field_names()
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        allowed = [*LOAD_KWARGS, *hub.DOWNLOAD_KWARGS, *fields]
+        hub.refuse_unknown("MemoryModel.from_pretrained", {k: overrides[k] for k in unknown}, allowed,
+                           f" (neither a loading option nor a field of {entry.config_cls.__name__})")
+    missing = sorted(set(fields) - set(data) - set(overrides))
+    if missing:
+        raise ValueError(
+            f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "
+            "has them all); add them to the file or pass them as keyword arguments."
+        )
+    return MemoryConfig.from_dict({**data, **overrides}), meta
+
+
+def check_base(meta: dict[str, Any], adapter: BackboneAdapter, source: str) -> None:
+    """Refuse a base model that differs from the recorded one in architecture, widths, depth or vocabulary."""
+    given = backbone_facts(adapter)
+    diffs = [
+        f"{key} {meta[key]!r} (adapter) vs {given[key]!r} (given base)"
+        for key in given
+        if meta.get(key) is not None and given[key] is not None and meta[key] != given[key]
+    ]
+    if diffs:
+        saved_for = meta.get("base_model_name_or_path") or "another base model"
+        raise ValueError(
+            f"The adapter at {source!r} was saved for {saved_for}, not for this base model: {'; '.join(diffs)}. "
+            "Load it onto the base model it was trained on."
+        )
+
+
+def _read_weights(folder: str) -> dict[str, torch.Tensor]:
+    path = os.path.join(folder, hub.WEIGHTS_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder!r} has no {hub.WEIGHTS_NAME}; is it a directory written by save_pretrained?")
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{path} is not a readable safetensors file ({err}); the adapter is corrupted.") from err
+
+
+def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> torch.nn.Module:
+    """`base_model` with the peft adapter saved in `folder`: wrapped by peft, or loaded into its existing adapter layers."""
+    from peft import PeftModel, set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    if not any(os.path.isfile(os.path.join(folder, n)) for n in (hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)):
+        raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
+    if not is_peft(base_model):
+        return PeftModel.from_pretrained(base_model, folder, is_trainable=is_trainable)
+    result = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
+    if result.unexpected_keys:
+        raise ValueError(
+            f"The peft weights in {folder} do not fit the LoRA layers of the given backbone "
+            f"(e.g. {sorted(result.unexpected_keys)[:3]}); pass the plain backbone and let from_pretrained add them."
+        )
+    return base_model
+
+
+def load_adapter(
+    cls: type["MemoryModel"],
+    base_model: torch.nn.Module,
+    path_or_id: str | os.PathLike,
+    is_trainable: bool = False,
+    inplace: bool = False,
+    **kwargs: Any,
+) -> "MemoryModel":
+    """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`)."""
+    if not isinstance(is_trainable, bool) or not isinstance(inplace, bool):
+        raise TypeError(f"`is_trainable` and `inplace` must be bools, got {is_trainable!r} and {inplace!r}.")
+    source = os.fspath(path_or_id)
+    download = {k: kwargs.pop(k) for k in hub.DOWNLOAD_KWARGS if k in kwargs}
+    folder = hub.adapter_folder(source, **download)
+    overrides = kwargs
+    config, meta = read_adapter_config(folder, overrides, source)
+    check_base(meta, get_backbone_adapter(base_model), source)
+    weights = _read_weights(folder)
+    if os.path.isfile(os.path.join(folder, hub.LORA_CONFIG_NAME)):
+        if not inplace:
+            base_model = copy.deepcopy(base_model)  # peft injects its layers into the model it is given
+        base_model = _load_peft(base_model, folder, is_trainable)
+    model = cls(base_model, config)
+    _load_memory_weights(model, weights, source, allow_missing=bool(overrides))
+    if is_trainable:
+        model.train()
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def _load_memory_weights(model: "MemoryModel", weights: dict[str, torch.Tensor], source: str, allow_missing: bool) -> None:
+    expected = model.memory.state_dict()
+    method = model.memory_config.method_name
+    for name, tensor in weights.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise ValueError(
+                f"Adapter weight {name!r} has shape {tuple(tensor.shape)} but this backbone needs "
+                f"{tuple(expected[name].shape)}: the adapter was trained for a backbone with another hidden size "
+                f"(saved for embedding width {tensor.shape[-1]}, this backbone has {model.adapter.embed_dim})."
+            )
+    missing, unexpected = model.memory.load_state_dict(
+        {k: v.to(expected[k].dtype) if k in expected else v for k, v in weights.items()}, strict=False
+    )
+    if unexpected:
+        raise ValueError(f"The adapter at {source!r} holds weights {sorted(unexpected)} that {method} does not have.")
+    if missing and not allow_missing:
+        raise ValueError(f"The adapter at {source!r} lacks weights {sorted(missing)} of {method}.")
+    if missing:
+        logger.warning("Initialised new memory weights not in the adapter: %s", sorted(missing))
+    model.loading_info = {"missing_keys": sorted(missing), "unexpected_keys": []}

@@ -1,0 +1,265 @@
+"""Loading and saving adapters as peft does: eval mode by default, the base left alone, atomic saves, recorded base
+facts and format version checked on load, other peft adapter types, and the one-line auto loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from peft import IA3Config, LoHaConfig, LoraConfig, PromptTuningConfig, get_peft_model
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hmt_adapters as ha
+from hmt_adapters import adapter_io, auto
+from hmt_adapters.config import MemoryConfig
+from tiny import random_ids, tiny_backbone
+
+HMT = dict(segment_length=8, sensory_length=2, memory_window=3, retrieval_dim=8)
+SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "adapters"
+
+
+def perturbed(model: ha.MemoryModel, scale: float = 0.1) -> ha.MemoryModel:
+    """`model` with its trainable weights moved off their initial values (LoRA B starts at zero)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn_like(p))
+    return model
+
+
+def lora_hmt(dropout: float = 0.1) -> ha.MemoryModel:
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=dropout)
+    return perturbed(ha.wrap_with_memory(get_peft_model(tiny_backbone("llama"), lora), "hmt", **HMT))
+
+
+# ---- eval mode by default, is_trainable ---------------------------------------------------------------------------
+
+
+def test_a_loaded_adapter_is_in_eval_mode_and_frozen_so_repeated_forwards_agree(tmp_path):
+    lora_hmt(dropout=0.5).save_pretrained(tmp_path)
+    model = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert not model.training and not any(m.training for m in model.modules())
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == []
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids).logits, atol=0, rtol=0)
+
+
+def test_is_trainable_gives_trainable_memory_and_lora_in_train_mode(tmp_path):
+    lora_hmt().save_pretrained(tmp_path)
+    model = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), is_trainable=True)
+    assert model.training
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any(n.startswith("memory.") for n in trainable) and any("lora_" in n for n in trainable)
+    assert all(n.startswith("memory.") or "lora_" in n for n in trainable)
+    ids = random_ids(2, 20)
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+# ---- the base passed in ---------------------------------------------------------------------------------------------
+
+
+def test_loading_a_lora_adapter_leaves_the_base_passed_in_unchanged_unless_inplace(tmp_path):
+    lora_hmt().save_pretrained(tmp_path)
+    base = tiny_backbone("llama")
+    ids = random_ids(1, 12)
+    with torch.no_grad():
+        before = base(input_ids=ids).logits
+    snapshot = {k: v.clone() for k, v in base.state_dict().items()}
+    model = ha.MemoryModel.from_pretrained(base, str(tmp_path))
+    assert any("lora_" in n for n, _ in model.named_parameters())
+    assert not any("lora_" in n for n, _ in base.named_modules()) and set(base.state_dict()) == set(snapshot)
+    with torch.no_grad():
+        torch.testing.assert_close(base(input_ids=ids).logits, before, atol=0, rtol=0)
+    in_place = ha.MemoryModel.from_pretrained(base, str(tmp_path), inplace=True)
+    assert unwrap(in_place.backbone) is base and any("lora_" in n for n, _ in base.named_modules())
+
+
+def unwrap(model):
+    return model.get_base_model()
+
+
+# ---- atomic saves, stale files --------------------------------------------------------------------------------------
+
+
+def test_a_save_that_fails_mid_write_leaves_the_previous_save_intact(tmp_path, monkeypatch):
+    target = tmp_path / "adapter"
+    lora_hmt().save_pretrained(target)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(MemoryConfig, "to_json_string", fail)  # the config is written after every weight file
+    with pytest.raises(OSError, match="disk full"):
+        perturbed(lora_hmt()).save_pretrained(target)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]  # no temporary folder left behind
+
+
+def test_a_new_save_removes_lora_files_of_an_earlier_save(tmp_path):
+    lora_hmt().save_pretrained(tmp_path)
+    plain = perturbed(ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT)).eval()
+    plain.save_pretrained(tmp_path)
+    assert not {"adapter_config.json", "adapter_model.safetensors"} & set(os.listdir(tmp_path))
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert not any("lora_" in n for n, _ in loaded.named_parameters())
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
+
+
+def test_saving_into_a_folder_keeps_files_that_are_not_the_adapters(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["memory_adapter.safetensors", "memory_config.json", "tokenizer.json"]
+
+
+# ---- recorded base facts, format version, required fields -----------------------------------------------------------
+
+
+def test_the_config_records_the_base_model_and_the_format_version(tmp_path):
+    base = tiny_backbone("llama")
+    base.config._name_or_path = "org/tiny-llama"
+    ha.wrap_with_memory(base, "rmt", segment_length=8).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "memory_config.json").read_text())
+    assert {k: config[k] for k in ("format_version", "base_model_name_or_path", "base_model_architecture",
+                                   "base_model_type", "embed_dim", "hidden_size", "num_hidden_layers", "vocab_size")} == {
+        "format_version": adapter_io.FORMAT_VERSION, "base_model_name_or_path": "org/tiny-llama",
+        "base_model_architecture": "LlamaForCausalLM", "base_model_type": "llama", "embed_dim": 32, "hidden_size": 32,
+        "num_hidden_layers": 2, "vocab_size": 96}
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(vocab_size=128), r"vocab_size 96 \(adapter\) vs 128 \(given base\)"),
+    (dict(num_hidden_layers=3), r"num_hidden_layers 2 \(adapter\) vs 3 \(given base\)"),
+])
+def test_an_adapter_is_refused_by_a_base_of_another_vocabulary_or_depth(tmp_path, change, message):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama", **change), str(tmp_path))
+
+
+def test_an_adapter_is_refused_by_another_architecture_of_the_same_width(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"base_model_architecture 'LlamaForCausalLM' \(adapter\) vs 'Qwen2ForCausalLM'"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("qwen2"), str(tmp_path))
+
+
+def edit_config(folder: Path, **changes) -> None:
+    path = folder / "memory_config.json"
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=16).save_pretrained(tmp_path)
+    edit_config(tmp_path, segment_length=None)
+    with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['segment_length'\] of RMTConfig"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), segment_length=16).memory_config.segment_length == 16
+    edit_config(tmp_path, segment_length=16, format_version=99)
+    with pytest.raises(ValueError, match="format version 99, but hmt-adapters .* reads formats 0 to 1: .*upgrade"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+
+
+# ---- other peft adapter types ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("peft_config, marker", [
+    (IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]), "ia3_l"),
+    (LoHaConfig(r=4, target_modules=["q_proj", "v_proj"]), "hada_"),
+])
+def test_non_lora_peft_adapters_train_and_save_with_the_memory(tmp_path, peft_config, marker):
+    model = ha.wrap_with_memory(get_peft_model(tiny_backbone("llama"), peft_config), "rmt", segment_length=8,
+                                num_memory_tokens=2)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any(marker in n for n in trainable) and all(marker in n or n.startswith("memory.") for n in trainable)
+    ids = random_ids(2, 20)
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if marker in n]
+    assert all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    perturbed(model).eval().save_pretrained(tmp_path)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(tmp_path))
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
+
+
+def test_prompt_learning_peft_adapters_are_refused_at_wrap_time():
+    prompt = get_peft_model(tiny_backbone("llama"), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    with pytest.raises(NotImplementedError, match="PROMPT_TUNING .*prompt learning.*use a tuner adapter"):
+        ha.wrap_with_memory(prompt, "rmt", segment_length=8)
+
+
+# ---- the one-line loader --------------------------------------------------------------------------------------------
+
+
+def test_the_auto_loader_builds_the_recorded_base_and_adds_the_adapter(tmp_path):
+    base = tiny_backbone("llama")
+    base.save_pretrained(tmp_path / "base")
+    reloaded_base = LlamaForCausalLM.from_pretrained(tmp_path / "base")  # records its folder as _name_or_path
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    model = perturbed(ha.wrap_with_memory(get_peft_model(reloaded_base, lora), "hmt", **HMT)).eval()
+    model.save_pretrained(tmp_path / "adapter")
+    loaded = ha.AutoMemoryModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+    assert isinstance(loaded, ha.MemoryModel) and not loaded.training
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
+    edit_config(tmp_path / "adapter", base_model_name_or_path="/nowhere/base")
+    with pytest.raises(FileNotFoundError, match="base model '/nowhere/base' is neither a local directory"):
+        ha.AutoMemoryModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+
+
+def smollm2_shaped(dtype=None, **kwargs) -> LlamaForCausalLM:
+    """A zero-weight model of SmolLM2-135M's exact shape (the real one is dequantised from the GGUF in ~20 s)."""
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu")
+    for p in model.parameters():
+        torch.nn.init.zeros_(p)
+    return model
+
+
+@pytest.mark.parametrize("name", ["smollm2-hmt", "smollm2-baseline"])
+def test_the_shipped_adapters_load_in_one_line_on_the_smollm2_backbone(monkeypatch, name):
+    built = []
+    monkeypatch.setitem(auto.KNOWN_BASES, auto.SMOLLM2_NAME,
+                        (lambda dtype, **kw: built.append(dtype) or smollm2_shaped(), "smollm2()[0]"))
+    model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(SHIPPED / name))
+    assert built == [None] and not model.training
+    saved = load_file(SHIPPED / name / "memory_adapter.safetensors")
+    torch.testing.assert_close(dict(model.memory.state_dict()), saved, atol=0, rtol=0)
+    lora = load_file(SHIPPED / name / "adapter_model.safetensors")
+    loaded_lora = {n for n, _ in model.backbone.named_parameters() if "lora_" in n}
+    assert len(loaded_lora) == len(lora) > 0
+
+
+def test_the_shipped_adapter_configs_are_complete_for_this_version():
+    for folder in sorted(SHIPPED.iterdir()):
+        config, meta = adapter_io.read_adapter_config(str(folder), {}, str(folder))
+        assert meta["format_version"] == adapter_io.FORMAT_VERSION
+        assert meta["base_model_name_or_path"] == auto.SMOLLM2_NAME
+        assert (meta["base_model_architecture"], meta["embed_dim"], meta["vocab_size"]) == ("LlamaForCausalLM", 576, 49152)
+
+
+def test_loading_copies_nothing_when_the_adapter_has_no_peft_part(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
+    base = tiny_backbone("llama")
+    assert ha.MemoryModel.from_pretrained(base, str(tmp_path)).backbone is base
+    shutil.rmtree(tmp_path)
