@@ -375,7 +375,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def _check_inputs(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or min(input_ids.shape) < 1:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"`input_ids` must be a [batch >= 1, length >= 1] tensor of token ids, got {shape}.")
+            raise ValueError(f"`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got {shape}.")
         if input_ids.is_floating_point():
             raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
         vocab = self.adapter.vocab_size

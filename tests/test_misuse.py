@@ -1,0 +1,121 @@
+"""Misuse gets a clear, early error: states of another model, wrong state files, empty batches, wrapping twice,
+bidirectional backbones; and labels with no target give nan as in transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import BertConfig, BertForMaskedLM, BertLMHeadModel, T5Config, T5ForConditionalGeneration
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+import hmt_adapters as ha
+from tiny import random_ids, tiny_backbone
+
+RMT = dict(segment_length=8, num_memory_tokens=2)
+
+
+# ---- states ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("other, difference", [
+    (lambda: ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=16, num_memory_tokens=2),
+     r"segment_length 8 \(state\) vs 16 \(model\)"),
+    (lambda: ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=3),
+     r"num_memory_tokens 2 \(state\) vs 3 \(model\)"),
+    (lambda: ha.wrap_with_memory(tiny_backbone("qwen2"), "rmt", **RMT),
+     r"base_model_architecture 'LlamaForCausalLM' \(state\) vs 'Qwen2ForCausalLM' \(model\)"),
+    (lambda: ha.wrap_with_memory(tiny_backbone("opt"), "rmt", **RMT), r"embed_dim 32 \(state\) vs 16 \(model\)"),
+])
+def test_a_state_of_another_config_or_backbone_is_refused_naming_the_difference(other, difference, tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
+    _, state = model.step(random_ids(1, 5), model.init_memory(1))
+    state.save(tmp_path / "state.safetensors")
+    for candidate in (state, ha.MemoryState.load(tmp_path / "state.safetensors")):
+        with pytest.raises(ValueError, match=f"made by another 'rmt' model: .*{difference}"):
+            other().step(random_ids(1, 3), candidate)
+    _, again = model.step(random_ids(1, 3), ha.MemoryState.load(tmp_path / "state.safetensors"))
+    assert again.segments_seen == 1
+
+
+def test_a_state_survives_the_runtime_switches(tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
+    state = model.init_memory(1)
+    model.activation_checkpointing_enable()
+    out, _ = model.step(random_ids(1, 9), state)
+    assert out.logits.shape == (1, 9, 96)
+
+
+def test_loading_a_file_that_is_not_a_state_says_what_it_is(tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
+    model.save_pretrained(tmp_path / "adapter")
+    with pytest.raises(ValueError, match="is the weights of a 'rmt' memory adapter .*MemoryModel.from_pretrained"):
+        ha.MemoryState.load(tmp_path / "adapter" / "memory_adapter.safetensors")
+    save_file({"base_model.model.q.lora_A.weight": torch.zeros(2, 2)}, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="is peft LoRA adapter weights, not a memory state"):
+        ha.MemoryState.load(tmp_path / "adapter_model.safetensors")
+    save_file({"a": torch.zeros(1)}, tmp_path / "other.safetensors")
+    with pytest.raises(ValueError, match=r"a safetensors file of 1 tensor\(s\) \(a\) without memory-state metadata"):
+        ha.MemoryState.load(tmp_path / "other.safetensors")
+    (tmp_path / "random.bin").write_bytes(b"\x13\x00garbage")
+    with pytest.raises(ValueError, match="is not a safetensors file .*MemoryState.save"):
+        ha.MemoryState.load(tmp_path / "random.bin")
+    with pytest.raises(FileNotFoundError, match="No memory state file"):
+        ha.MemoryState.load(tmp_path / "missing.safetensors")
+
+
+# ---- inputs ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (2, 0), (0, 0)])
+def test_an_empty_batch_is_a_clear_error(shape):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
+    ids = torch.zeros(shape, dtype=torch.long)
+    for call in (lambda: model(input_ids=ids), lambda: model.step(ids), lambda: model.generate(input_ids=ids, max_new_tokens=1)):
+        with pytest.raises(ValueError, match=rf"\[batch, length >= 1\] tensor of token ids with batch >= 1, got \({shape[0]}, {shape[1]}\)"):
+            call()
+
+
+def test_labels_without_any_target_give_nan_as_transformers_does():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
+    ids = random_ids(2, 12)
+    labels = torch.full_like(ids, -100)
+    out = model(input_ids=ids, labels=labels)
+    reference = ForCausalLMLoss(out.logits, labels, vocab_size=96)
+    assert torch.isnan(reference) and torch.isnan(out.loss)
+    summed = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(5))
+    assert summed.loss.item() == ForCausalLMLoss(out.logits, labels, vocab_size=96, num_items_in_batch=torch.tensor(5)).item() == 0.0
+
+
+# ---- what can be wrapped --------------------------------------------------------------------------------------------
+
+
+def test_wrapping_a_memory_model_again_is_refused_at_wrap_time():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
+    with pytest.raises(TypeError, match=r"already a MemoryModel \('rmt'\); wrap its backbone"):
+        ha.wrap_with_memory(model, "hmt", segment_length=8)
+    with pytest.raises(TypeError, match="already a MemoryModel"):
+        ha.MemoryModel(model, ha.RMTConfig(segment_length=8))
+
+
+BERT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64)
+
+
+def test_bidirectional_and_encoder_decoder_models_are_refused_naming_why():
+    with pytest.raises(ValueError, match=r"BertForMaskedLM is not a causal LM: .*leak the future \(bert's causal LM is BertLMHeadModel"):
+        ha.wrap_with_memory(BertForMaskedLM(BertConfig(**BERT)), "rmt", **RMT)
+    with pytest.raises(ValueError, match="BertLMHeadModel \\(bert\\) runs as a bidirectional encoder because config.is_decoder is False"):
+        ha.wrap_with_memory(BertLMHeadModel(BertConfig(**BERT)), "rmt", **RMT)
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
+    with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model"):
+        ha.wrap_with_memory(t5, "rmt", **RMT)
+
+
+def test_a_bert_decoder_is_causal_and_wraps():
+    model = ha.wrap_with_memory(BertLMHeadModel(BertConfig(is_decoder=True, **BERT)), "rmt", **RMT).eval()
+    ids = random_ids(1, 12)
+    changed = ids.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % 96
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits[:, :-1], model(input_ids=changed).logits[:, :-1])
