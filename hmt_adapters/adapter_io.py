@@ -132,7 +132,13 @@ def save_adapter(
         raise ValueError(f"`save_directory` {directory!r} is a file; pass a directory.")
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(directory)}.tmp-")
+    try:
+        tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(directory)}.tmp-")
+    except PermissionError:  # a writable folder in a read-only parent: stage inside it (same file system)
+        if not os.path.isdir(directory):
+            raise
+        parent = directory
+        tmp = tempfile.mkdtemp(dir=directory, prefix=".hmt-adapters.tmp-")
     try:
         os.chmod(tmp, os.stat(parent).st_mode & 0o777)
         _write_files(model, tmp, state_dict)
@@ -230,8 +236,11 @@ def load_adapter(
     **kwargs: Any,
 ) -> "MemoryModel":
     """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`)."""
+    from .model import check_wrappable
+
     if not isinstance(is_trainable, bool) or not isinstance(inplace, bool):
         raise TypeError(f"`is_trainable` and `inplace` must be bools, got {is_trainable!r} and {inplace!r}.")
+    check_wrappable(base_model)
     source = os.fspath(path_or_id)
     download = {k: kwargs.pop(k) for k in hub.DOWNLOAD_KWARGS if k in kwargs}
     folder = hub.adapter_folder(source, **download)

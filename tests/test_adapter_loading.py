@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -259,7 +258,8 @@ def test_the_shipped_adapter_configs_are_complete_for_this_version():
 
 
 def test_loading_copies_nothing_when_the_adapter_has_no_peft_part(tmp_path):
-    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path / "sub")
     base = tiny_backbone("llama")
-    assert ha.MemoryModel.from_pretrained(base, str(tmp_path)).backbone is base
-    shutil.rmtree(tmp_path)
+    assert ha.MemoryModel.from_pretrained(base, str(tmp_path), subfolder="sub").backbone is base
+    with pytest.raises(FileNotFoundError, match="has no subfolder 'other'"):
+        ha.MemoryModel.from_pretrained(base, str(tmp_path), subfolder="other")

@@ -90,12 +90,15 @@ def test_labels_without_any_target_give_nan_as_transformers_does():
 # ---- what can be wrapped --------------------------------------------------------------------------------------------
 
 
-def test_wrapping_a_memory_model_again_is_refused_at_wrap_time():
+def test_wrapping_a_memory_model_again_is_refused_at_wrap_time(tmp_path):
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
     with pytest.raises(TypeError, match=r"already a MemoryModel \('rmt'\); wrap its backbone"):
         ha.wrap_with_memory(model, "hmt", segment_length=8)
     with pytest.raises(TypeError, match="already a MemoryModel"):
         ha.MemoryModel(model, ha.RMTConfig(segment_length=8))
+    model.save_pretrained(tmp_path)
+    with pytest.raises(TypeError, match="already a MemoryModel"):
+        ha.MemoryModel.from_pretrained(model, str(tmp_path))
 
 
 BERT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
