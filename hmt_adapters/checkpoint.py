@@ -51,7 +51,7 @@ def check_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor]) 
             f"This checkpoint does not fit the '{model.method}' model: it lacks {missing or 'nothing'} and holds "
             f"unknown weights {unexpected or 'none'}. It was written for another memory method, config or LoRA setup "
             "(a stage-1 HMT checkpoint has no retrieval weights: start stage 2 with "
-            "`MemoryModel.from_pretrained(base, stage1_dir, use_retrieval=True)`, not `resume_from_checkpoint`)."
+            "`MemoryModel.from_pretrained(base, stage1_dir, is_trainable=True, use_retrieval=True)`, not `resume_from_checkpoint`)."
         )
     for key, value in state_dict.items():
         if tuple(value.shape) != tuple(own[key].shape):

@@ -303,8 +303,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     ) -> None:
         """Write `memory_config.json`, `memory_adapter.safetensors` and (with peft) the peft adapter files, atomically.
 
-        A save replaces an earlier one in `save_directory` as a whole (peft files it does not write are removed); an
-        error while writing leaves the earlier save intact. With `push_to_hub=True` the adapter is also uploaded; the
+        Every file is written to a temporary folder first, so an error while writing leaves an earlier save intact;
+        peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
         trainable weights under this model's key names, the only file `resume_from_checkpoint` reads.
