@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hmt_adapters as ha
 from hmt_adapters import adapter_io, auto
 from hmt_adapters.config import MemoryConfig
+from test_hub import hub_cache
 from tiny import random_ids, tiny_backbone
 
 HMT = dict(segment_length=8, sensory_length=2, memory_window=3, retrieval_dim=8)
@@ -220,6 +221,20 @@ def test_the_auto_loader_builds_the_recorded_base_and_adds_the_adapter(tmp_path)
     edit_config(tmp_path / "adapter", base_model_name_or_path="/nowhere/base")
     with pytest.raises(FileNotFoundError, match="base model '/nowhere/base' is neither a local directory"):
         ha.AutoMemoryModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+
+
+def test_the_auto_loader_takes_adapter_and_base_from_the_hub_cache_offline(tmp_path):
+    tiny_backbone("llama").save_pretrained(tmp_path / "base")
+    base = LlamaForCausalLM.from_pretrained(tmp_path / "base")
+    base.config._name_or_path = "org/tiny-base"
+    model = perturbed(ha.wrap_with_memory(base, "rmt", segment_length=8, num_memory_tokens=2)).eval()
+    model.save_pretrained(tmp_path / "adapter")
+    cache = hub_cache(tmp_path / "hub", "org/tiny-base", tmp_path / "base")
+    hub_cache(tmp_path / "hub", "org/rmt-adapter", tmp_path / "adapter", sha="b" * 40)
+    loaded = ha.AutoMemoryModelForCausalLM.from_pretrained("org/rmt-adapter", cache_dir=cache, local_files_only=True)
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-6, rtol=1e-5)
 
 
 def smollm2_shaped(dtype=None, **kwargs) -> LlamaForCausalLM:
