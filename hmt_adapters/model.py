@@ -14,7 +14,7 @@ from . import checkpoint, hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
-from .generation import MemoryGenerationCache
+from .generation import MemoryGenerationCache, check_generation_options
 from .outputs import MemoryCausalLMOutput, MemoryState
 from .padding import Packing, read_stream
 from .registry import available_methods, get_method, method_for_config
@@ -257,19 +257,36 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     ) -> Any:
         """HF `generate` with memory: the prompt is read segment by segment, decoding uses the backbone's cache.
 
-        All of transformers' generation options work (greedy, sampling, repetition penalty, eos, streamers, left-padded
-        batches). `memory_state` continues from an earlier state (e.g. a document encoded once with `step`). With
-        `return_dict_in_generate=True`, `output.past_key_values.memory_state()` is the state after the sequence.
+        Works: greedy and sampling (temperature, top-k/p, min-p, repetition penalty, ...), beam search and beam
+        sampling (`num_beams`; each beam carries its own memory), `num_return_sequences`, logits processors and
+        stopping criteria, eos/`max_new_tokens`/`min_new_tokens`, streamers, `output_scores`/`output_logits`,
+        `return_dict_in_generate`, and padded batches (each row is read from its first real token, so a padded row
+        generates what it generates alone). Refused with a `ValueError`: assisted and prompt-lookup decoding,
+        contrastive search, DoLa, group and constrained beam search, `cache_implementation`, hidden states and
+        attentions in the output. `memory_state` continues from an earlier state (e.g. a document encoded once with
+        `step`). With `return_dict_in_generate=True`, `output.past_key_values.memory_state()` is the state after the
+        sequence.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
-        config = generation_config if generation_config is not None else self.generation_config
-        if kwargs.get("use_cache", config.use_cache) and "past_key_values" not in kwargs:
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        check_generation_options(config, kwargs)
+        if config.use_cache and "past_key_values" not in kwargs:
             state = memory_state if memory_state is not None else self.init_memory(ids.shape[0], ids.device)
             self._check_state(state, ids.shape[0])
             kwargs["past_key_values"] = MemoryGenerationCache(self, state)
         elif memory_state is not None:
             raise ValueError("`memory_state` needs the generation cache; do not pass `use_cache=False` with it.")
         return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
+
+    def _expand_inputs_for_generation(
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None, **model_kwargs: Any
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
+        cache = model_kwargs.get("past_key_values")
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
+            cache.batch_repeat_interleave(expand_size)
+        return input_ids, model_kwargs
 
     def prepare_inputs_for_generation(
         self,
