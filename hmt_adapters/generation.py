@@ -51,7 +51,8 @@ def check_generation_options(config: GenerationConfig, kwargs: dict[str, Any]) -
             f"`cache_implementation={config.cache_implementation!r}` is not supported: memory models use their own "
             "generation cache (leave it unset)."
         )
-    mode = getattr(config.get_generation_mode(), "value", None)
+    mode = config.get_generation_mode()
+    mode = getattr(mode, "value", mode)
     if mode not in WORKING_MODES:
         options = {
             "contrastive_search": "`penalty_alpha` with `top_k`",

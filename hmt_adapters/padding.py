@@ -47,9 +47,8 @@ class Packing:
         if self.order is None:
             return x
         rows = torch.arange(x.shape[0], device=x.device)[:, None]
-        packed = x[rows, self.order]
-        keep = self.packed_mask.bool().view(*self.order.shape, *([1] * (x.dim() - 2)))
-        return torch.where(keep, packed, torch.full_like(packed, fill))
+        packed = x[rows, self.order]  # a fresh tensor: filling it in place costs no extra copy
+        return packed.masked_fill_(~self.packed_mask.bool().view(*self.order.shape, *([1] * (x.dim() - 2))), fill)
 
     def unpack(self, y: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
         """Packed `y` `[B, width, ...]` back in the caller's layout `[B, T, ...]`; padding positions hold `fill`."""
@@ -58,8 +57,7 @@ class Packing:
         rank = (self.mask.cumsum(1) - 1).clamp(0, y.shape[1] - 1)  # packed column of each caller column
         rows = torch.arange(y.shape[0], device=y.device)[:, None]
         out = y[rows, rank]
-        keep = self.mask.bool().view(*self.mask.shape, *([1] * (y.dim() - 2)))
-        return torch.where(keep, out, torch.full_like(out, fill))
+        return out.masked_fill_(~self.mask.bool().view(*self.mask.shape, *([1] * (y.dim() - 2))), fill)
 
 
 def columns_below(counts: torch.Tensor, width: int) -> torch.Tensor:

@@ -101,3 +101,14 @@ def test_a_state_from_padded_steps_continues_each_row_in_generate():
         source = batch[i : i + 1][:, mask[i].bool()]
         whole = model.generate(input_ids=torch.cat([source, question[i : i + 1]], dim=1), **greedy)
         assert torch.equal(out[i], whole[0, source.shape[1] + 3 :])
+
+
+def test_padded_rows_give_the_unpadded_rows_gradients():
+    model = wrap("hmt", "llama")
+    batch, mask, row, _ = padded_batch()
+    model(input_ids=batch[:1], attention_mask=mask[:1], labels=batch[:1]).loss.backward()
+    padded = {name: p.grad.clone() for name, p in model.memory.named_parameters()}
+    model.zero_grad()
+    model(input_ids=row, labels=row).loss.backward()
+    for name, p in model.memory.named_parameters():
+        torch.testing.assert_close(padded[name], p.grad, atol=1e-6, rtol=1e-5)
