@@ -3,7 +3,8 @@
 `MemoryGenerationCache` is the `past_key_values` HF generate carries from step to step. It holds the memory state of
 the closed segments and the backbone's own cache of the open segment, so decoding reads one token per step inside
 the open segment; when a segment fills up it is folded into memory with the exact training-time segment step and a
-new segment opens. Prompts of any length are read segment by segment, a bounded number at a time.
+new segment opens. Prompts of any length are read segment by segment, a bounded number at a time, each row from its
+first real token; rows whose segments close at different steps decode in separate groups.
 """
 
 from __future__ import annotations
@@ -12,16 +13,54 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers import GenerationConfig
 
 from .backbones import positions_from_mask
 from .method import Layout, Segment
 from .outputs import MemoryState
+from .padding import Packing, align_ends, merge_rows, select_rows
 from .runtime import MEMORY_KWARG
 
 if TYPE_CHECKING:
     from .model import MemoryModel
 
 PREFILL_SEGMENTS = 32  # segments read per runtime call while prefilling (bounds transient memory)
+WORKING_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
+
+
+def check_generation_options(config: GenerationConfig, kwargs: dict[str, Any]) -> None:
+    """Refuse, before any work, the `generate` options memory models do not support, naming the option."""
+    works = "greedy or sampling decoding, beam search/sampling (`num_beams`), `num_return_sequences`"
+    assisted = {
+        "assistant_model": kwargs.get("assistant_model"),
+        "prompt_lookup_num_tokens": config.prompt_lookup_num_tokens,
+        "assistant_early_exit": config.assistant_early_exit,
+        "use_mtp": getattr(config, "use_mtp", None) or None,
+    }
+    for name, value in assisted.items():
+        if value is not None:
+            raise ValueError(
+                f"`{name}` (assisted / speculative decoding) is not supported with memory: candidate tokens would "
+                f"have to be rolled back out of the memory state. What works: {works}."
+            )
+    for name in ("custom_generate", "output_attentions", "output_hidden_states"):
+        if kwargs.get(name) or getattr(config, name, None):
+            raise ValueError(f"`{name}` is not supported by memory models' `generate`. What works: {works}.")
+    if config.cache_implementation is not None:
+        raise ValueError(
+            f"`cache_implementation={config.cache_implementation!r}` is not supported: memory models use their own "
+            "generation cache (leave it unset)."
+        )
+    mode = config.get_generation_mode()
+    mode = getattr(mode, "value", mode)
+    if mode not in WORKING_MODES:
+        options = {
+            "contrastive_search": "`penalty_alpha` with `top_k`",
+            "dola_generation": "`dola_layers`",
+            "group_beam_search": "`num_beam_groups`",
+            "constrained_beam_search": "`constraints` / `force_words_ids`",
+        }
+        raise ValueError(f"{options.get(mode, mode)} ({mode}) is not supported with memory. What works: {works}.")
 
 
 @dataclass
@@ -37,18 +76,29 @@ class OpenSegment:
 
 
 class MemoryGenerationCache:
-    """Generation state: memory of closed segments + the open segment's backbone cache (HF `past_key_values`)."""
+    """Generation state (HF `past_key_values`): per group of rows, the memory of closed segments + the open segment's
+    backbone cache.
+
+    A row's tokens are the ones the attention mask marks, so padded prompts are read from each row's first real token.
+    Rows whose segments close at the same decoding step form one batched group; a batch padded to other lengths
+    splits into groups that decode side by side. HF's batch expansion (`num_return_sequences`, beams) and beam
+    reordering go through `batch_repeat_interleave` and `reorder_cache`.
+    """
 
     is_croppable = False  # HF generate capabilities: no rollback, no torch.compile of the decode step
     is_compileable = False
 
     def __init__(self, model: "MemoryModel", state: MemoryState):
         self.model = model
-        self.state = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
-        self.open: OpenSegment | None = None
-        self.tokens_read = 0
-        if state.pending_length:  # tokens a `step` left in an open segment: reopen it (not part of HF's sequence)
-            self.read(state.pending_ids, state.pending_mask)
+        self.batch_size = state.batch_size
+        start = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
+        group = RowGroup(model, start, torch.arange(self.batch_size, device=_device(state)))
+        if state.pending_length:  # tokens a `step` left in an open segment: read again with the prompt
+            group.unread = (state.pending_ids, state.pending_mask.long())
+        else:
+            empty = torch.zeros(self.batch_size, 0, dtype=torch.long, device=group.rows.device)
+            group.unread = (empty, empty)
+        self.groups = [group]
         self.tokens_read = 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -56,10 +106,22 @@ class MemoryGenerationCache:
         return self.tokens_read
 
     def memory_state(self) -> MemoryState:
-        """The state after everything read so far; the open segment's tokens are pending (as after `step`)."""
-        state = MemoryState(self.state.method, self.state.tensors, self.state.segments_seen, extras=dict(self.state.extras))
-        if self.open is not None and self.open.ids.shape[1]:
-            state.pending_ids, state.pending_mask = self.open.ids, self.open.mask
+        """The state after everything read so far; each row's open-segment tokens are pending (as after `step`)."""
+        parts = [(g.rows, g.state) for g in self.groups]
+        tensors = merge_rows(parts, self.batch_size)
+        first = self.groups[0].state
+        state = MemoryState(first.method, tensors, max(g.state.segments_seen for g in self.groups), extras=dict(first.extras))
+        opened = [(g.rows, *g.open_tokens()) for g in self.groups]
+        width = max(int(mask.sum(1).max()) if mask.numel() else 0 for _, _, mask in opened)
+        if width:
+            device = opened[0][0].device
+            state.pending_ids = torch.zeros(self.batch_size, width, dtype=torch.long, device=device)
+            state.pending_mask = torch.zeros(self.batch_size, width, dtype=torch.long, device=device)
+            for rows, ids, mask in opened:
+                packing = Packing.of(mask)
+                packed = packing.pack(ids)[:, :width]
+                state.pending_ids[rows, : packed.shape[1]] = packed
+                state.pending_mask[rows, : packed.shape[1]] = packing.packed_mask[:, :width]
         return state
 
     @property
@@ -68,8 +130,113 @@ class MemoryGenerationCache:
 
     @torch.no_grad()
     def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Read new tokens `[B, n]`; returns the logits of the last one, `[B, 1, V]`."""
+        """Read new tokens `[B, n]` (mask 0: padding, skipped); returns the logits of each row's last token `[B, 1, V]`."""
         self.tokens_read += ids.shape[1]
+        groups, outputs = [], []
+        for group in self.groups:
+            rows_ids, rows_mask = ids[group.rows], mask[group.rows]
+            if group.unread is None and bool(rows_mask.bool().all()):  # aligned rows: extend the open segment
+                groups.append(group)
+                outputs.append((group.rows, group.read(rows_ids, rows_mask)))
+                continue
+            for sub, logits in self._regroup(group, rows_ids, rows_mask):
+                groups.append(sub)
+                outputs.append((sub.rows, logits))
+        self.groups = groups
+        read = [(rows, logits) for rows, logits in outputs if logits is not None]
+        if not read:
+            raise ValueError("Every row of the input is padding (attention_mask all 0) and no earlier token was read.")
+        like = read[0][1]
+        out = like.new_zeros(self.batch_size, 1, like.shape[-1])  # a row with no token at all keeps zero logits
+        for rows, logits in read:
+            out[rows] = logits
+        return out
+
+    def _regroup(self, group: "RowGroup", ids: torch.Tensor, mask: torch.Tensor) -> list[tuple["RowGroup", torch.Tensor | None]]:
+        """Read `group`'s open tokens again with the new ones, splitting its rows by where their segments close."""
+        before_ids, before_mask = group.open_tokens()
+        packing = Packing.of(torch.cat([before_mask.long(), mask.long()], dim=1))
+        packed, counts = packing.pack(torch.cat([before_ids, ids], dim=1)), packing.counts
+        out = []
+        offsets = counts % self.segment_length
+        for offset in torch.unique(offsets).tolist():
+            local = (offsets == offset).nonzero().squeeze(1)
+            sub = RowGroup(self.model, select_rows(group.state, local), group.rows[local])
+            stream_ids, stream_mask = align_ends(packed[local], counts[local], self.segment_length)
+            out.append((sub, sub.read(stream_ids, stream_mask) if stream_ids.shape[1] else None))
+        return out
+
+    # ---- HF batch hooks (num_return_sequences, beam search) ---------------------------------------------------
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row `repeats` times in place (row r becomes rows r*repeats ... r*repeats + repeats - 1)."""
+        groups = []
+        for group in self.groups:
+            local = torch.arange(len(group.rows), device=group.rows.device).repeat_interleave(repeats)
+            rows = (group.rows[:, None] * repeats + torch.arange(repeats, device=group.rows.device)).reshape(-1)
+            groups.append(group.select(local, rows))
+        self.groups = groups
+        self.batch_size *= repeats
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """Row r continues from row `beam_idx[r]` (beam search); moved rows read their open segment again."""
+        beam_idx = beam_idx.to(self.groups[0].rows.device)
+        owner = torch.empty(self.batch_size, dtype=torch.long, device=beam_idx.device)
+        local = torch.empty_like(owner)
+        for n, group in enumerate(self.groups):
+            owner[group.rows] = n
+            local[group.rows] = torch.arange(len(group.rows), device=beam_idx.device)
+        groups = []
+        for n, group in enumerate(self.groups):
+            rows = (owner[beam_idx] == n).nonzero().squeeze(1)
+            if len(rows) == 0:
+                continue
+            source = local[beam_idx[rows]]
+            if torch.equal(rows, group.rows) and torch.equal(source, torch.arange(len(rows), device=rows.device)):
+                groups.append(group)
+            else:
+                groups.append(group.select(source, rows))
+        self.groups = groups
+
+
+def _device(state: MemoryState) -> torch.device:
+    for t in state.tensors.values():
+        return t.device
+    return state.pending_ids.device if state.pending_ids is not None else torch.device("cpu")
+
+
+class RowGroup:
+    """Rows whose segments close at the same decoding step: their memory state and the open segment's cache."""
+
+    def __init__(self, model: "MemoryModel", state: MemoryState, rows: torch.Tensor):
+        self.model = model
+        self.state = state
+        self.rows = rows  # [g] the group's rows in the batch
+        self.open: OpenSegment | None = None
+        self.unread: tuple[torch.Tensor, torch.Tensor] | None = None  # open-segment tokens no cache holds (read again)
+
+    @property
+    def segment_length(self) -> int:
+        return self.model.memory_config.segment_length
+
+    def open_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(ids, mask)` of the open segment's tokens so far."""
+        if self.unread is not None:
+            return self.unread
+        if self.open is not None:
+            return self.open.ids, self.open.mask
+        empty = torch.zeros(len(self.rows), 0, dtype=torch.long, device=self.rows.device)
+        return empty, empty
+
+    def select(self, local: torch.Tensor, rows: torch.Tensor) -> "RowGroup":
+        """A group of rows `rows` whose row j continues this group's row `local[j]`; its open segment is read again."""
+        ids, mask = self.open_tokens()
+        group = RowGroup(self.model, select_rows(self.state, local), rows)
+        group.unread = (ids[local], mask[local])
+        return group
+
+    def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Read new tokens `[g, n]`; returns the logits of the last one, `[g, 1, V]`."""
         if self.open is not None:
             ids = torch.cat([self.open.ids, ids], dim=1)
             mask = torch.cat([self.open.mask, mask], dim=1)

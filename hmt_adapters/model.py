@@ -20,8 +20,9 @@ from . import adapter_io, checkpoint, hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
-from .generation import MemoryGenerationCache
+from .generation import MemoryGenerationCache, check_generation_options
 from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
+from .padding import Packing, read_stream
 from .registry import available_methods, get_method, method_for_config
 from .runtime import IGNORE_INDEX, SegmentRuntime, shift_targets
 
@@ -135,14 +136,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if past_key_values is not None:
             return self._read_for_generation(input_ids, attention_mask, past_key_values)
         ids, mask = self._check_inputs(input_ids, attention_mask)
+        packing = Packing.of(mask)
         targets = None
         if labels is not None:
-            targets = shift_targets(self._check_labels(labels, ids))
+            targets = shift_targets(packing.pack(self._check_labels(labels, ids), IGNORE_INDEX))
         state = self.init_memory(ids.shape[0], ids.device)
-        result = self.runtime.run(ids, mask, targets, state, keep_logits=return_logits)
+        result = self.runtime.run(packing.pack(ids), packing.packed_mask, targets, state, keep_logits=return_logits)
         return MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
-            logits=result.logits,
+            logits=packing.unpack(result.logits) if return_logits else None,
             num_tokens=result.num_tokens if labels is not None else None,
         )
 
@@ -155,31 +157,41 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     ) -> tuple[MemoryCausalLMOutput, MemoryState]:
         """Feed the next chunk of a stream; chunk-by-chunk logits equal one `forward` over the concatenation.
 
-        Tokens of a segment that the chunk leaves unfinished stay pending in the returned state and are read
-        again (with the next chunk) when the segment closes. With `labels`, the loss covers next-token targets
-        inside the chunk.
+        Each row is its own stream: its tokens are the ones `attention_mask` marks, and a segment closes when the
+        row has `segment_length` of them, so rows padded differently still give their unpadded results. Tokens of a
+        segment that the chunk leaves unfinished stay pending in the returned state (per row) and are read again
+        with the next chunk when the segment closes. With `labels`, the loss covers next-token targets inside the
+        chunk. Under gradients the state keeps at most `bptt_depth` segments of graph; with `bptt_depth=None` the
+        incoming state is detached, so gradients flow through the segments of one call and a stream's graph never
+        grows past one chunk.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
         if state is None:
             state = self.init_memory(ids.shape[0], ids.device)
         self._check_state(state, ids.shape[0])
+        if torch.is_grad_enabled() and self.memory_config.bptt_depth is None:
+            state = state.detach()
         pending = state.pending_length
         if pending:
-            ids = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
-            mask = torch.cat([state.pending_mask.to(mask.device), mask], dim=1)
+            ids_all = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
+            mask_all = torch.cat([state.pending_mask.to(mask.device).long(), mask], dim=1)
+        else:
+            ids_all, mask_all = ids, mask
         targets = None
         if labels is not None:
-            labels = self._check_labels(labels, input_ids)
-            targets = torch.cat([labels.new_full((ids.shape[0], pending), IGNORE_INDEX), shift_targets(labels)], dim=1)
-        closed = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
-        result = self.runtime.run(ids, mask, targets, closed, close_last=False)
-        done = (ids.shape[1] // self.memory_config.segment_length) * self.memory_config.segment_length
+            chunk = Packing.of(mask)
+            inside = chunk.unpack(shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)), IGNORE_INDEX)
+            targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
+        stream = Packing.of(mask_all)
+        result, open_ids, open_mask = read_stream(
+            self.runtime, stream.pack(ids_all), stream.counts, None if targets is None else stream.pack(targets, IGNORE_INDEX), state
+        )
         new_state = result.state
-        if done < ids.shape[1]:
-            new_state.pending_ids, new_state.pending_mask = ids[:, done:], mask[:, done:]
+        if open_ids.shape[1]:
+            new_state.pending_ids, new_state.pending_mask = open_ids, open_mask
         out = MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
-            logits=result.logits[:, pending:],
+            logits=stream.unpack(result.logits)[:, pending:],
             memory_state=new_state,
             num_tokens=result.num_tokens if labels is not None else None,
         )
@@ -252,19 +264,36 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     ) -> Any:
         """HF `generate` with memory: the prompt is read segment by segment, decoding uses the backbone's cache.
 
-        All of transformers' generation options work (greedy, sampling, repetition penalty, eos, streamers, left-padded
-        batches). `memory_state` continues from an earlier state (e.g. a document encoded once with `step`). With
-        `return_dict_in_generate=True`, `output.past_key_values.memory_state()` is the state after the sequence.
+        Works: greedy and sampling (temperature, top-k/p, min-p, repetition penalty, ...), beam search and beam
+        sampling (`num_beams`; each beam carries its own memory), `num_return_sequences`, logits processors and
+        stopping criteria, eos/`max_new_tokens`/`min_new_tokens`, streamers, `output_scores`/`output_logits`,
+        `return_dict_in_generate`, and padded batches (each row is read from its first real token, so a padded row
+        generates what it generates alone). Refused with a `ValueError`: assisted and prompt-lookup decoding,
+        contrastive search, DoLa, group and constrained beam search, `cache_implementation`, hidden states and
+        attentions in the output. `memory_state` continues from an earlier state (e.g. a document encoded once with
+        `step`). With `return_dict_in_generate=True`, `output.past_key_values.memory_state()` is the state after the
+        sequence.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
-        config = generation_config if generation_config is not None else self.generation_config
-        if kwargs.get("use_cache", config.use_cache) and "past_key_values" not in kwargs:
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        check_generation_options(config, kwargs)
+        if config.use_cache and "past_key_values" not in kwargs:
             state = memory_state if memory_state is not None else self.init_memory(ids.shape[0], ids.device)
             self._check_state(state, ids.shape[0])
             kwargs["past_key_values"] = MemoryGenerationCache(self, state)
         elif memory_state is not None:
             raise ValueError("`memory_state` needs the generation cache; do not pass `use_cache=False` with it.")
         return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
+
+    def _expand_inputs_for_generation(
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None, **model_kwargs: Any
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
+        cache = model_kwargs.get("past_key_values")
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
+            cache.batch_repeat_interleave(expand_size)
+        return input_ids, model_kwargs
 
     def prepare_inputs_for_generation(
         self,

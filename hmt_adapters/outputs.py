@@ -31,7 +31,7 @@ class MemoryState:
     tensors: dict[str, torch.Tensor]
     segments_seen: int = 0
     pending_ids: torch.Tensor | None = None  # [B, r], 0 <= r < segment_length
-    pending_mask: torch.Tensor | None = None  # [B, r]
+    pending_mask: torch.Tensor | None = None  # [B, r] 1 = pending token; rows with fewer are right-padded
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -105,21 +105,23 @@ def test_masked_tokens_neither_enter_the_memory_nor_advance_its_clock():
     torch.testing.assert_close(a.logits[real], b.logits[real], atol=1e-5, rtol=1e-4)
     for name in state_a.tensors:
         torch.testing.assert_close(state_a.tensors[name], state_b.tensors[name], atol=1e-6, rtol=1e-5)
-    assert state_a.tensors["length"].tolist() == [3 * SEG, 3 * SEG - 6]
+    assert state_a.tensors["length"].tolist() == [3 * SEG, 2 * SEG]  # row 1's 18 real tokens close 2 segments
+    assert state_a.pending_mask.sum(1).tolist() == [0, 2]  # ... and leave 2 pending
 
 
 def test_the_state_of_a_masked_row_is_the_compression_of_its_real_tokens_only():
     model = elastic("llama").eval()
-    inputs = layer_inputs(model, 1)
-    ids = random_ids(2, 2 * SEG)
+    ids = random_ids(2, 2 * SEG + 3)
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
-    mask[0, SEG + 1] = 0
+    mask[0, SEG + 1] = 0  # row 0: 2 * SEG real tokens, read from the first one
     with torch.no_grad():
         _, state = model.step(ids, attention_mask=mask)
-        keys = torch.cat([model.adapter.layer_kv(1, h)[0] for h in inputs], dim=2)  # [2, H, 16, D]
-    real = keys[0][:, mask[0].bool()]  # the row's real tokens, in order
-    expected = HiPPOLegS(N).compress(real.transpose(-1, -2)).transpose(-1, -2)
+    inputs = layer_inputs(model, 1)
+    with torch.no_grad():
+        model.step(ids[:1, mask[0].bool()])  # the row's real tokens alone, in order
+        keys = torch.cat([model.adapter.layer_kv(1, h)[0] for h in inputs], dim=2)  # [1, H, 16, D]
+    expected = HiPPOLegS(N).compress(keys[0].transpose(-1, -2)).transpose(-1, -2)
     torch.testing.assert_close(state.tensors["k.1"][0], expected, atol=1e-5, rtol=1e-4)
 
 
