@@ -17,6 +17,7 @@ Writes `benchmarks/results/<name>.json` and `.png`. A longer curriculum for the 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -25,9 +26,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pyplot, write_result  # noqa: E402
+from common import RESULTS, pyplot, write_result  # noqa: E402
+from recall_probe import key_gradient, probe_unimem  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
+from hmt_adapters.methods.unimem import UniMem  # noqa: E402
 from hmt_adapters.tasks import RecallTask, train_recall  # noqa: E402
 
 SEGMENT = 8
@@ -42,11 +45,19 @@ RUNS = {
     "unimix": ("unimix", {"memory_tokens": 4}),
     "elastic": ("elastic", {"hippo_order": 64, "memory_tokens": 16}),
     "melodi": ("melodi", {}),
+    # issue 17: the reference and each K/V method with gradients through its stored keys/values (BPTT)
+    "full_attention": (None, {}),
+    "transformer_xl_document": ("transformer_xl", {"memory_size": 17 * SEGMENT, "detach_memory": False}),
+    "trams_bptt": ("trams", {"memory_size": 10 * SEGMENT, "detach_memory": False}),
+    "memorizing_transformer_bptt": ("memorizing_transformer", {"detach_memory": False}),
+    "unimix_bptt": ("unimix", {"memory_tokens": 4, "detach_memory": False}),
+    "elastic_square": ("elastic", {"hippo_order": 64}),
 }
 EVAL_GAPS = (8, 16)
 
 
-def model_for(name: str, task: RecallTask, seed: int = 0) -> ha.MemoryModel:
+def model_for(name: str, task: RecallTask, seed: int = 0) -> torch.nn.Module:
+    """The run's model; `full_attention` is the bare backbone reading the whole sample at once."""
     method, overrides = RUNS[name]
     config = LlamaConfig(
         vocab_size=task.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -54,6 +65,8 @@ def model_for(name: str, task: RecallTask, seed: int = 0) -> ha.MemoryModel:
     )
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_config(config)
+    if method is None:
+        return base
     return ha.wrap_with_memory(base, method, segment_length=SEGMENT, freeze_backbone=False, **overrides)
 
 
@@ -69,12 +82,37 @@ def run(names: list[str], max_steps: int, gaps: tuple[int, ...] = (0, 1, 2, 4, 8
         for gap in EVAL_GAPS:
             digit, exact = task.accuracy(model, gap)
             row[f"gap{gap}"] = {"segments": gap + 2, "digit": digit, "exact": exact}
+        row["probe"] = probe(model, task)
         results[name] = row
         print(f"{name:24} steps {row['steps']:5d} (gap {row['last_gap_trained']}) "
               + "  ".join(f"{g + 2} segments: exact {row[f'gap{g}']['exact']:.3f}" for g in EVAL_GAPS), flush=True)
     return {"task": "recall", "segment_length": SEGMENT, "digits": 4, "chance": {"digit": 0.1, "exact": 1e-4},
             "backbone": "Llama, 2 layers, width 128, 4 heads, vocabulary 64, trained from scratch",
             "curriculum": list(gaps), "max_steps": max_steps, "runs": results}
+
+
+def probe(model: torch.nn.Module, task: RecallTask) -> dict:
+    """What the trained model does with the key at 10 segments: whether the answer's loss reaches the key segment
+    (`key_gradient`) and, for K/V memories, per layer how much of the key is stored, read and attended."""
+    gap = EVAL_GAPS[0]
+    out = {"gap": gap, "key_gradient": key_gradient(model, task, gap)}
+    if isinstance(getattr(model, "memory", None), UniMem):
+        out["layers"] = {str(layer): numbers for layer, numbers in probe_unimem(model, task, gap).items()}
+    return out
+
+
+def merge(name: str, result: dict) -> dict:
+    """`result` with the runs of `benchmarks/results/<name>.json` it did not redo (each row keeps its commit)."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return result
+    old = json.loads(path.read_text())
+    keys = ("segment_length", "digits", "curriculum", "max_steps")
+    if any(old.get(k) != result[k] for k in keys):
+        raise ValueError(f"{path} was run with other settings ({ {k: old.get(k) for k in keys} }); use another --name.")
+    for row in old["runs"].values():
+        row.setdefault("commit", old["provenance"]["git_commit"])
+    return {**result, "runs": {**old["runs"], **result["runs"]}}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -98,9 +136,13 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--gaps", nargs="+", type=int, default=[0, 1, 2, 4, 8], help="the curriculum of gaps")
     parser.add_argument("--name", default="recall", help="results file name in benchmarks/results/")
+    parser.add_argument("--update", action="store_true", help="keep the file's other runs, replace these")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     result = run(args.methods, args.max_steps, tuple(args.gaps))
+    if args.update:
+        result = merge(args.name, result)
     path = write_result(args.name, result)
     plot(result, path.with_suffix(".png"))
 
