@@ -27,9 +27,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, pyplot, write_result  # noqa: E402
-from recall_probe import key_gradient, probe_unimem  # noqa: E402
+from recall_probe import key_gradient, probe_elastic, probe_unimem  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
+from hmt_adapters.methods.elastic import ElasticMemory  # noqa: E402
 from hmt_adapters.methods.unimem import UniMem  # noqa: E402
 from hmt_adapters.tasks import RecallTask, train_recall  # noqa: E402
 
@@ -91,14 +92,28 @@ def run(names: list[str], max_steps: int, gaps: tuple[int, ...] = (0, 1, 2, 4, 8
             "curriculum": list(gaps), "max_steps": max_steps, "runs": results}
 
 
-def probe(model: torch.nn.Module, task: RecallTask) -> dict:
-    """What the trained model does with the key at 10 segments: whether the answer's loss reaches the key segment
-    (`key_gradient`) and, for K/V memories, per layer how much of the key is stored, read and attended."""
-    gap = EVAL_GAPS[0]
+def probe(model: torch.nn.Module, task: RecallTask, gap: int = EVAL_GAPS[0]) -> dict:
+    """What the model does with the key after `gap` noise segments: whether the answer's loss reaches the key segment
+    (`key_gradient`) and, for K/V and Elastic memories, per layer how much of the key is stored, read and attended."""
     out = {"gap": gap, "key_gradient": key_gradient(model, task, gap)}
-    if isinstance(getattr(model, "memory", None), UniMem):
-        out["layers"] = {str(layer): numbers for layer, numbers in probe_unimem(model, task, gap).items()}
+    memory = getattr(model, "memory", None)
+    probed = probe_unimem if isinstance(memory, UniMem) else probe_elastic if isinstance(memory, ElasticMemory) else None
+    if probed is not None:
+        out["layers"] = {str(layer): numbers for layer, numbers in probed(model, task, gap).items()}
     return out
+
+
+def probe_untrained(names: list[str], gaps: tuple[int, ...] = (0, 1, 8)) -> dict:
+    """The probe of each run's freshly initialised model: what its sizes and stop-gradient allow before training
+    (stored, read, key gradient do not depend on the weights; the mass is near uniform)."""
+    task = RecallTask(segment_length=SEGMENT, num_digits=4, vocab_size=64)
+    runs = {}
+    for name in names:
+        model = model_for(name, task)
+        runs[name] = {"method": RUNS[name][0], "overrides": RUNS[name][1],
+                      **{f"gap{gap}": probe(model, task, gap) for gap in gaps}}
+        print(name, {g: runs[name][f"gap{g}"] for g in gaps}, flush=True)
+    return {"task": "recall probe, untrained models", "segment_length": SEGMENT, "runs": runs}
 
 
 def merge(name: str, result: dict) -> dict:
@@ -138,8 +153,13 @@ def main() -> None:
     parser.add_argument("--name", default="recall", help="results file name in benchmarks/results/")
     parser.add_argument("--update", action="store_true", help="keep the file's other runs, replace these")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--probe-untrained", action="store_true",
+                        help="only probe the untrained models; writes <name>_probe_untrained.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.probe_untrained:
+        write_result(f"{args.name}_probe_untrained", probe_untrained(args.methods))
+        return
     result = run(args.methods, args.max_steps, tuple(args.gaps))
     if args.update:
         result = merge(args.name, result)

@@ -104,3 +104,60 @@ def key_gradient(model, task: RecallTask, gap: int, batch_size: int = 16, seed: 
     grad = captured[0].grad
     model.zero_grad(set_to_none=True)
     return 0.0 if grad is None else float(grad[:, : task.segment_length].norm())
+
+
+@torch.no_grad()
+def probe_elastic(model, task: RecallTask, gap: int, batch_size: int = 64, seed: int = 1234) -> dict[int, dict]:
+    """Per Elastic memory layer `{key_share, mass_mean, mass_max_head}` at the query segment.
+
+    `key_share`: for each key token, the largest share of one reconstructed memory token's weight (its squared
+    reconstruction weights, summed over the history) that comes from that token, averaged over the key's tokens; a
+    token no sample point lands on gets ~0 and cannot be read back. `mass`: attention on the key's content, measured
+    as in `probe_unimem` with the HiPPO state of an indicator of the key's tokens in place of the values.
+    """
+    method = model.memory
+    batch = task.sample(batch_size, gap, torch.Generator().manual_seed(seed))
+    keys = key_positions(batch, task)
+    history = (gap + 1) * task.segment_length
+    answer = torch.arange(task.num_digits) + task.segment_length - task.num_digits - 1
+    found: dict[int, dict] = {}
+    original = method.prepare
+
+    def prepare(segment, state, plan):
+        layout = original(segment, state, plan)
+        if int(state["length"][0]) == history:
+            for layer, read in list(layout.attention.reads.items()):
+                layout.attention.reads[layer] = measured(layer, read, state)
+        return layout
+
+    def measured(layer, read, state):
+        def attend(call, context):
+            out = read(call, context)
+            device = call.query.device
+            readout = method.readout([history], device)[0].float()  # [L_mem, N]
+            weights = readout @ method.hippo.kernel(0, history, device).float()  # [L_mem, T]: token t in sample j
+            energy = weights.pow(2)
+            share = energy / energy.sum(1, keepdim=True).clamp_min(1e-30)
+            is_key = torch.zeros(batch_size, history, device=device).scatter_(1, keys, 1.0)
+            k_mem = readout[None, None] @ state[f"k.{layer}"].float()
+            v_ind = (is_key @ weights.T)[:, None, :, None].expand(-1, k_mem.shape[1], -1, k_mem.shape[-1])
+            visible = torch.ones(batch_size, 1, 1, 1, dtype=torch.bool, device=device)
+            zeros = replace(call, value=torch.zeros_like(call.value))
+            mass = zeros.run_with_prefix(k_mem.to(call.key.dtype), v_ind.to(call.value.dtype), visible)[0]
+            mass = mass[:, answer, :, 0]
+            found[layer] = {
+                "key_share": float(share.max(0).values[keys].mean()),
+                "mass_mean": float(mass.mean()),
+                "mass_max_head": float(mass.mean((0, 1)).max()),
+            }
+            return out
+
+        return attend
+
+    method.prepare = prepare
+    try:
+        model.eval()
+        model(input_ids=batch["input_ids"])
+    finally:
+        del method.prepare
+    return dict(sorted(found.items()))
