@@ -44,15 +44,16 @@ RUNS = {
     "trams": ("trams", {}),
     "memorizing_transformer": ("memorizing_transformer", {}),
     "unimix": ("unimix", {"memory_tokens": 4}),
-    "elastic": ("elastic", {"hippo_order": 64, "memory_tokens": 16}),
+    "elastic": ("elastic", {"hippo_order": 64}),  # the method's default readout: memory_tokens = hippo_order
     "melodi": ("melodi", {}),
     # issue 17: the reference and each K/V method with gradients through its stored keys/values (BPTT)
     "full_attention": (None, {}),
     "transformer_xl_document": ("transformer_xl", {"memory_size": 17 * SEGMENT, "detach_memory": False}),
+    "transformer_xl_document_detached": ("transformer_xl", {"memory_size": 17 * SEGMENT}),
     "trams_bptt": ("trams", {"memory_size": 10 * SEGMENT, "detach_memory": False}),
     "memorizing_transformer_bptt": ("memorizing_transformer", {"detach_memory": False}),
     "unimix_bptt": ("unimix", {"memory_tokens": 4, "detach_memory": False}),
-    "elastic_square": ("elastic", {"hippo_order": 64}),
+    "elastic_16_tokens": ("elastic", {"hippo_order": 64, "memory_tokens": 16}),  # 16 samples of 72+ tokens
 }
 EVAL_GAPS = (8, 16)
 
