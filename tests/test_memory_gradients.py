@@ -72,3 +72,20 @@ def test_without_stop_gradient_the_key_segment_gets_full_attentions_gradient():
         freeze_backbone=False,
     )
     torch.testing.assert_close(first_segment_gradient(xl, ids), first_segment_gradient(full, ids), atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("memory_tokens,least_share", [(None, 0.4), (16, None)])
+def test_elastic_reads_back_every_token_only_with_its_default_square_readout(memory_tokens, least_share):
+    """With as many memory tokens as coefficients (the default), every token of a 72-token history but the newest
+    is at least 0.4 of some memory token's weight; 16 uniform samples leave most tokens below 0.1 everywhere (the
+    recall benchmark's old Elastic row, which could not read the key's digits back)."""
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "elastic", segment_length=L, hippo_order=64,
+                                memory_tokens=memory_tokens)
+    history = 9 * L
+    readout = model.memory.readout([history], torch.device("cpu"))[0].double()
+    weights = (readout @ model.memory.hippo.kernel(0, history).double()).pow(2)  # [memory tokens, history]
+    share = (weights / weights.sum(1, keepdim=True)).max(0).values  # per history token: its best memory token
+    if least_share is not None:
+        assert float(share[:-1].min()) > least_share
+    else:
+        assert float((share < 0.1).float().mean()) > 0.5
