@@ -4,14 +4,21 @@
 `hmt_adapters.tasks.RecallTask`: a 4-digit key in the first 8-token segment, `gap` noise segments, then a query; a
 curriculum (`--gaps`) moves the gap 0 -> 1 -> 2 -> 4 -> 8 when exact accuracy reaches 95% (at most `--max-steps`
 steps). The baseline `window` is the same backbone trained the same way with no memory (`rmt` with 0 memory tokens:
-each segment alone). Each trained model is evaluated after 8 and 16 noise segments (10 and 18 segments in all). K/V
-methods use their presets at this segment length, so their fixed memory may not reach 17 segments back; that is what
-they are.
+each segment alone); `full_attention` is the bare backbone over the whole sample. Each trained model is evaluated
+after 8 and 16 noise segments (10 and 18 segments in all). K/V methods use their presets at this segment length, so
+their fixed memory may not reach 17 segments back; that is what they are. The presets store keys/values without
+gradient (their papers' stop-gradient); the `_bptt` rows and `transformer_xl_document` train through them
+(`detach_memory=False`, issue 17). Each row also records `recall_probe`'s numbers at 10 segments (what the memory
+stores, reads and attends of the key; whether the answer's loss reaches the key segment).
 
     python benchmarks/recall.py [--methods hmt rmt ...] [--max-steps 3000] [--gaps 0 1 2 4 8] [--name recall]
+        [--update] [--threads 2] [--probe-untrained]
 
-Writes `benchmarks/results/<name>.json` and `.png`. A longer curriculum for the methods that pass 8, e.g.
-`--methods rmt hmt --gaps 0 1 2 4 8 16 --max-steps 4000 --name recall_gap16`, is rendered in the same README table.
+Writes `benchmarks/results/<name>.json` and `.png`; `--update` keeps the file's other rows and replaces the ones run.
+`--probe-untrained` only probes the freshly built models (`<name>_probe_untrained.json`). A longer curriculum for the
+methods that pass 8, e.g. `--methods rmt hmt --gaps 0 1 2 4 8 16 --max-steps 4000 --name recall_gap16`, is rendered
+in the same README table; `--methods transformer_xl_document_detached --max-steps 1000 --name recall_stop_gradient`
+is the stop-gradient run of docs/attention_memory.md.
 """
 
 from __future__ import annotations
