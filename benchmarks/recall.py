@@ -105,7 +105,7 @@ def probe(model: torch.nn.Module, task: RecallTask, gap: int = EVAL_GAPS[0]) -> 
     (`key_gradient`) and, for K/V and Elastic memories, per layer how much of the key is stored, read and attended."""
     out = {"gap": gap, "key_gradient": key_gradient(model, task, gap)}
     memory = getattr(model, "memory", None)
-    probed = probe_unimem if isinstance(memory, UniMem) else probe_elastic if isinstance(memory, ElasticMemory) else None
+    probed = {UniMem: probe_unimem, ElasticMemory: probe_elastic}.get(type(memory))
     if probed is not None:
         out["layers"] = {str(layer): numbers for layer, numbers in probed(model, task, gap).items()}
     return out
@@ -132,7 +132,8 @@ def merge(name: str, result: dict) -> dict:
     old = json.loads(path.read_text())
     keys = ("segment_length", "digits", "curriculum", "max_steps")
     if any(old.get(k) != result[k] for k in keys):
-        raise ValueError(f"{path} was run with other settings ({ {k: old.get(k) for k in keys} }); use another --name.")
+        settings = {k: old.get(k) for k in keys}
+        raise ValueError(f"{path} was run with other settings ({settings}); use another --name.")
     for row in old["runs"].values():
         row.setdefault("commit", old["provenance"]["git_commit"])
     return {**result, "runs": {**old["runs"], **result["runs"]}}
