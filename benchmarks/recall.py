@@ -148,8 +148,8 @@ def plot(result: dict, path: Path) -> None:
         ax.bar([x + i * width for x in range(len(names))], [result["runs"][n][f"gap{gap}"]["exact"] for n in names],
                width, label=f"{gap + 2} segments")
     ax.set_xticks([x + width / 2 for x in range(len(names))], names, rotation=30, ha="right")
-    ax.set(ylabel="exact-key accuracy", ylim=(0, 1.05), title="Recall a 4-digit key from segment 1")
-    ax.legend()
+    ax.set(ylabel="exact-key accuracy", ylim=(0, 1.25), title="Recall a 4-digit key from segment 1")
+    ax.legend(loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
