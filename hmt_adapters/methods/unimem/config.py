@@ -126,6 +126,11 @@ class UniMemConfig(MemoryConfig):
             (UniMix), 0 otherwise.
         detach_memory (`bool`, defaults to `True`):
             Store keys/values without gradient (stop-gradient, as Transformer-XL and the Memorizing Transformer).
+            Then a loss in a later segment never reaches what an earlier segment wrote: fine-tuning with a loss on
+            every token works, but a task supervised only long after its evidence (the recall benchmark) cannot
+            teach the model what to write. `False` trains through the stored keys/values (BPTT, the runtime's
+            `bptt_depth` truncates it); Transformer-XL whose memory covers the document then has exactly full
+            attention's gradients (docs/attention_memory.md, "Training from scratch").
     """
 
     preset: str = field(default="transformer_xl", metadata={"help": "Method string (preset).", "choices": PRESETS})
