@@ -177,8 +177,7 @@ def model_cards() -> None:
     from hmt_adapters.hub import render_model_card
 
     for name, training in CARDS.items():
-        base, _ = smollm2()  # a fresh backbone per adapter: loading one injects its LoRA layers into the backbone
-        base.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+        base, _ = smollm2()  # records the portable base name the one-line load resolves offline
         folder = ROOT / "examples" / "adapters" / name
         model = ha.MemoryModel.from_pretrained(base, str(folder))
         card = render_model_card(model, repo_id=str(folder.relative_to(ROOT)), results=results, training=training)
