@@ -50,7 +50,8 @@ def test_collator_pads_per_sample_and_masks_padding_positions_only():
     assert batch["input_ids"].tolist() == [[5, 1, 7], [4, 3, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[5, 1, 7], [4, 3, -100]]  # the EOS (= pad id) inside a row stays a target
-    assert batch["return_logits"] is False
+    assert "return_logits" not in batch  # the model decides: none in a training step, logits in evaluation
+    assert WindowCollator(return_logits=False)([{"input_ids": [5, 1]}])["return_logits"] is False
     labelled = WindowCollator()([{"input_ids": [5, 6], "labels": [-100, 6]}])
     assert labelled["labels"].tolist() == [[-100, 6]]
 

@@ -9,6 +9,7 @@ import hmt_adapters as ha
 from hmt_adapters import offload
 from hmt_adapters.memory import append_tail
 from hmt_adapters.runtime import segment_spans, shift_targets
+from hmt_adapters.training import add_lora
 from tiny import random_ids, tiny_backbone
 
 
@@ -105,3 +106,66 @@ def test_offload_hooks_leave_parameters_small_and_host_tensors_in_place():
     assert hooks._pack(host) is host  # already in CPU memory
     big = offload.ActivationOffload([layer])
     assert big.min_bytes == offload.MIN_OFFLOAD_BYTES
+
+
+def last_segment_labels(ids: torch.Tensor, segment_length: int, first: int | None = None) -> torch.Tensor:
+    """Labels of the HMT reference's protocol: targets only for predictions made inside the last segment."""
+    labels = torch.full_like(ids, -100)
+    start = ids.shape[1] - segment_length + 1 if first is None else first
+    labels[:, start:] = ids[:, start:]
+    return labels
+
+
+def count_head_calls(model: ha.MemoryModel) -> list[int]:
+    calls = []
+    model.adapter.model.get_output_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("switches", SWITCHES, ids=["plain", "offload", "checkpoint", "both"])
+def test_last_segment_loss_skips_the_head_of_unsupervised_segments_with_the_same_loss_and_gradients(switches):
+    ids = random_ids(2, 5 * 8)
+    labels = last_segment_labels(ids, 8)
+    results = []
+    for keep in (True, False):
+        backbone = add_lora(tiny_backbone("llama"), rank=2, dropout=0.0)
+        model = ha.wrap_with_memory(backbone, "hmt", segment_length=8, sensory_length=3, memory_window=4, **switches)
+        calls = count_head_calls(model)
+        out = model(input_ids=ids, labels=labels, return_logits=keep)
+        forward_calls = len(calls)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        for group in ("memory.", "lora_B"):  # gradients reach the memory and LoRA through the unsupervised segments
+            assert sum(float(g.abs().sum()) for n, g in grads.items() if group in n) > 0
+        results.append((out.loss.detach(), out.num_tokens, grads, (forward_calls, len(calls))))
+        assert (out.logits is None) == (not keep)
+    (loss, count, grads, calls), (skip_loss, skip_count, skip_grads, skip_calls) = results
+    recompute = 2 if switches.get("gradient_checkpointing") else 1  # checkpointing runs the supervised segment again
+    assert calls[0] == 5 and skip_calls == (1, recompute)
+    assert count == skip_count == 2 * 7
+    torch.testing.assert_close(skip_loss, loss, atol=0, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(skip_grads[name], grad, atol=1e-7, rtol=1e-6)
+
+
+def test_a_segment_with_one_target_keeps_its_head_and_a_segment_nothing_reads_is_skipped():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(1, 4 * 8)
+    calls = count_head_calls(model)
+    model(input_ids=ids, labels=last_segment_labels(ids, 8, first=24), return_logits=False)  # position 23 predicts 24
+    assert len(calls) == 2
+    ran = []
+    model.adapter.body_module.register_forward_hook(lambda *_: ran.append(1))
+    with model.disable_memory():  # no memory to write: unsupervised segments are not run at all
+        out = model(input_ids=ids, labels=last_segment_labels(ids, 8), return_logits=False)
+    assert len(ran) == 1 and int(out.num_tokens) == 7
+
+
+def test_logits_are_kept_except_in_a_trainer_training_step():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(2, 20)
+    assert model.training and model(input_ids=ids, labels=ids).logits.shape == (2, 20, 96)  # the public contract
+    assert model(input_ids=ids, labels=ids, num_items_in_batch=10).logits is None  # what Trainer.training_step passes
+    assert model(input_ids=ids, labels=ids, num_items_in_batch=10, return_logits=True).logits.shape == (2, 20, 96)
+    with torch.no_grad():  # Trainer.prediction_step: no gradients, logits for prediction_loss_only=False
+        assert model.eval()(input_ids=ids, labels=ids, num_items_in_batch=10).logits.shape == (2, 20, 96)

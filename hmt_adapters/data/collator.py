@@ -22,12 +22,13 @@ class WindowCollator:
     Args:
         pad_token_id: id written into padding positions (never a target: labels there are -100).
         min_length: rows with fewer tokens are an error (e.g. `segment_length`: a shorter window trains no memory).
-        return_logits: passed to the model; False (the default) keeps `[B, T, V]` logits out of training memory.
+        return_logits: passed to the model when set; None (the default) lets the model decide: no `[B, T, V]` logits in
+            a Trainer training step (which reads only the loss), logits in evaluation.
     """
 
     pad_token_id: int = 0
     min_length: int = 1
-    return_logits: bool = False
+    return_logits: bool | None = None
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ids = [self._row_ids(n, row) for n, row in enumerate(rows)]
@@ -41,7 +42,10 @@ class WindowCollator:
         mask = torch.zeros((len(ids), length), dtype=torch.long)
         for n, (i, lab) in enumerate(zip(ids, labels)):
             batch_ids[n, : i.numel()], batch_labels[n, : i.numel()], mask[n, : i.numel()] = i, lab, 1
-        return {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels, "return_logits": self.return_logits}
+        batch = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
+        if self.return_logits is not None:
+            batch["return_logits"] = self.return_logits
+        return batch
 
     def _row_ids(self, n: int, row: Mapping[str, Any]) -> torch.Tensor:
         if "input_ids" not in row:
