@@ -8,6 +8,8 @@ starting from stage 1's weights. Each stage's adapter lands in `<output>/stage1`
     python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
     # LoRA on the backbone, per-segment checkpointing, deeper stage 2:
     python examples/train_hmt.py --lora --gradient-checkpointing --stage2-segments 15 ...
+    # the paper's protocol: loss on the last segment, a window ending at every segment, full-depth windows only:
+    python examples/train_hmt.py --loss-segments 1 --stride-segments 1 --stage2-segments 15 --min-segments 15 ...
     # DeepSpeed ZeRO-2 on 2 processes (GPUs, or CPU with gloo):
     torchrun --nproc_per_node 2 examples/train_hmt.py --deepspeed zero2 ...
 """
@@ -47,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage1-steps", type=int, default=100)
     p.add_argument("--stage2-steps", type=int, default=200)
     p.add_argument("--stage2-segments", type=int, default=8)
+    p.add_argument("--min-segments", type=int, default=1, help="drop windows with fewer full segments (capped at 2 in stage 1)")
+    p.add_argument("--loss-segments", type=int, default=None, help="loss on each window's last k segments only (paper: 1)")
+    p.add_argument("--stride-segments", type=int, default=None, help="a window ends every s segments (paper: 1; default: no overlap)")
     p.add_argument("--batch-size", type=int, default=2, help="per device")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lora", action="store_true", help="train LoRA (rank 8) on the backbone too")
@@ -79,12 +84,15 @@ def main() -> None:
             base, "hmt", segment_length=args.segment_length, sensory_length=args.sensory_length,
             memory_window=args.memory_window, retrieval_dim=args.retrieval_dim, use_retrieval=False, **switches,
         )
-        stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments)
+        stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments, args.min_segments)
     else:
         model = ha.wrap_with_memory(
             base, "rmt", segment_length=args.segment_length, num_memory_tokens=args.num_memory_tokens, **switches
         )
-        stages = [Stage(2, args.stage1_steps, "stage1"), Stage(args.stage2_segments, args.stage2_steps, "stage2")]
+        stages = [
+            Stage(2, args.stage1_steps, "stage1", min_segments=min(args.min_segments, 2)),
+            Stage(args.stage2_segments, args.stage2_steps, "stage2", min_segments=args.min_segments),
+        ]
     cuda = torch.cuda.is_available()
     training_args = dict(
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
@@ -95,6 +103,7 @@ def main() -> None:
     model = train_stages(
         model, stages, train_docs, args.output, training_args=training_args, eval_documents=eval_docs,
         deepspeed=args.deepspeed, pad_token_id=tokenizer.pad_token_id or 0,
+        loss_segments=args.loss_segments, stride_segments=args.stride_segments,
     )
     if not PartialState().is_main_process:
         return
