@@ -169,3 +169,52 @@ def test_logits_are_kept_except_in_a_trainer_training_step():
     assert model(input_ids=ids, labels=ids, num_items_in_batch=10, return_logits=True).logits.shape == (2, 20, 96)
     with torch.no_grad():  # Trainer.prediction_step: no gradients, logits for prediction_loss_only=False
         assert model.eval()(input_ids=ids, labels=ids, num_items_in_batch=10).logits.shape == (2, 20, 96)
+
+
+def test_offload_under_bf16_autocast_moves_no_parameter_cast_and_keeps_gradients(monkeypatch):
+    """Autocast casts fp32 weights to bf16 on every use and linear layers save the cast: those must stay in place."""
+    monkeypatch.setattr(offload.ActivationOffload, "host_device_types", ())  # meter CPU tensors as if on a GPU
+    monkeypatch.setattr(offload, "MIN_OFFLOAD_BYTES", 0)
+    moved = []
+    original_pack = offload.ActivationOffload._pack
+
+    def metering_pack(self, t):
+        packed = original_pack(self, t)
+        if packed is not t:
+            moved.append(t.detach().clone())
+        return packed
+
+    monkeypatch.setattr(offload.ActivationOffload, "_pack", metering_pack)
+    ids = random_ids(2, 4 * 8)
+    results = []
+    for switches in (dict(), dict(offload_activations=True)):
+        torch.manual_seed(0)
+        model = ha.wrap_with_memory(add_lora(tiny_backbone("llama"), rank=2, dropout=0.0), "hmt", segment_length=8,
+                                    sensory_length=3, memory_window=4, **switches)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    params = [p.detach() for p in model.parameters()]
+
+    def is_cast_of_a_parameter(t):  # by value: the tensor equals some parameter cast to its dtype (or its transpose)
+        views = [t, t.mT] if t.dim() == 2 else [t]
+        return any(v.shape == p.shape and v.dtype != p.dtype and torch.equal(v, p.to(v.dtype)) for v in views for p in params)
+
+    assert len(moved) > 50 and {t.dtype for t in moved} >= {torch.bfloat16, torch.float32}
+    assert not [tuple(t.shape) for t in moved if is_cast_of_a_parameter(t)]
+    (ref_loss, ref_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=0, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], atol=0, rtol=0)
+
+
+def test_parameter_casts_are_recognised_in_and_out_of_the_graph():
+    frozen, trainable = torch.nn.Linear(8, 16).requires_grad_(False), torch.nn.Parameter(torch.randn(4, 8))
+    hooks = offload.ActivationOffload([frozen, torch.nn.ParameterList([trainable])], min_bytes=0)
+    cast = frozen.weight.to(torch.bfloat16)
+    assert hooks.is_parameter_cast(cast) and hooks.is_parameter_cast(cast.t())
+    assert hooks.is_parameter_cast(trainable.to(torch.bfloat16).t())
+    activation = torch.randn(3, 16, 8, requires_grad=True)
+    assert not hooks.is_parameter_cast(activation.to(torch.bfloat16)) and not hooks.is_parameter_cast(torch.randn(16, 8))
+    assert not hooks.is_parameter_cast((trainable * 2).to(torch.bfloat16))  # computed from a weight: an activation
