@@ -123,6 +123,8 @@ class SegmentRuntime:
         logits = []
         closed = 0
         supervised = supervised_segments(targets, spans)
+        if targets is not None and not any(supervised):
+            supervised[-1] = True  # no target anywhere: the loss is 0 but must stay in the graph (backward works)
         for n, (s, e) in enumerate(spans):
             index = state.segments_seen + n
             closes = close_last or (e - s) == length

@@ -161,6 +161,15 @@ def test_a_segment_with_one_target_keeps_its_head_and_a_segment_nothing_reads_is
     assert len(ran) == 1 and int(out.num_tokens) == 7
 
 
+def test_a_batch_without_any_target_still_has_a_differentiable_zero_loss():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(2, 24)
+    out = model(input_ids=ids, labels=torch.full_like(ids, -100), return_logits=False)
+    out.loss.backward()
+    assert float(out.loss) == 0 and int(out.num_tokens) == 0
+    assert all(float(p.grad.abs().sum()) == 0 for p in model.memory_parameters())
+
+
 def test_logits_are_kept_except_in_a_trainer_training_step():
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
     ids = random_ids(2, 20)
