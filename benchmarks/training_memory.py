@@ -12,6 +12,10 @@ each switch (none, offload, checkpointing, both) and depth, each in a fresh proc
 
     .venv/bin/python benchmarks/training_memory.py                  # CPU, ~5-10 minutes on 2 cores
     python benchmarks/training_memory.py --device cuda --hidden 1024 --layers 12 --segment-length 512
+    python benchmarks/training_memory.py --device cuda --dtype bf16 --hidden 1024 --layers 12 --segment-length 512
+
+`--dtype bf16` runs the step under `torch.autocast(dtype=torch.bfloat16)` over fp32 weights (what the `Trainer`'s
+`bf16=True` does); `--switches` picks a subset of the four switches.
 
 Prints a table and writes benchmarks/results/training_memory[_cuda].json and .png.
 """
@@ -138,7 +142,8 @@ def build_model(args: argparse.Namespace, switch: str):
 
     config = LlamaConfig(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.heads, max_position_embeddings=2 * args.segment_length,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
+        max_position_embeddings=2 * args.segment_length,
     )
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float()
@@ -147,8 +152,14 @@ def build_model(args: argparse.Namespace, switch: str):
     ).to(args.device)
 
 
-def train_step(model, ids: torch.Tensor) -> None:
-    loss = model(input_ids=ids, labels=ids, return_logits=False).loss
+def autocast(args: argparse.Namespace):
+    """bf16 autocast over the fp32 weights for `--dtype bf16`, nothing for fp32."""
+    return torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
+
+def train_step(model, ids: torch.Tensor, args: argparse.Namespace) -> None:
+    with autocast(args):
+        loss = model(input_ids=ids, labels=ids, return_logits=False).loss
     loss.backward()
 
 
@@ -163,7 +174,7 @@ def measure(args: argparse.Namespace) -> dict:
         SegmentRuntime._offload = metered_offload(meter)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length), generator=gen).to(args.device)
-    train_step(model, ids[:, : args.segment_length])
+    train_step(model, ids[:, : args.segment_length], args)
     model.zero_grad(set_to_none=True)
     result = {"switch": args.switch, "depth": args.depth}
     if args.device == "cuda":
@@ -172,7 +183,8 @@ def measure(args: argparse.Namespace) -> dict:
         before = torch.cuda.memory_allocated()
     start = time.perf_counter()
     with PeakRSS() as rss, meter.hooks():
-        loss = model(input_ids=ids, labels=ids, return_logits=False).loss
+        with autocast(args):
+            loss = model(input_ids=ids, labels=ids, return_logits=False).loss
         result["saved_device_mb"] = meter.live["device"] / MB
         result["saved_host_mb"] = meter.live["host"] / MB
         loss.backward()
@@ -185,7 +197,7 @@ def measure(args: argparse.Namespace) -> dict:
     for _ in range(args.repeats - 1):
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        train_step(model, ids)
+        train_step(model, ids, args)
         if args.device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -195,7 +207,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 # ---- orchestration ----------------------------------------------------------------------------------------------
 
-MODEL_ARGS = ("device", "hidden", "layers", "heads", "vocab", "segment_length", "batch_size", "threads", "repeats")
+MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size", "threads", "repeats")
 
 
 def run_worker(args: argparse.Namespace, switch: str, depth: int) -> dict:
@@ -209,33 +221,38 @@ def memory_key(device: str) -> str:
     return "cuda_peak_growth_mb" if device == "cuda" else "peak_rss_growth_mb"
 
 
-def summarise(results: list[dict], key: str, depths: list[int]) -> dict:
-    """Per switch: memory at the deepest over the shallowest depth, and mean step time over no switch."""
+def summarise(results: list[dict], key: str, depths: list[int], switches: list[str]) -> dict:
+    """Per switch: memory at the deepest over the shallowest depth, and mean step time over no switch (when measured)."""
     by = {(r["switch"], r["depth"]): r for r in results}
     summary = {}
-    for switch in SWITCHES:
+    for switch in switches:
         summary[switch] = {
             "memory_ratio": by[(switch, depths[-1])][key] / by[(switch, depths[0])][key],
-            "time_ratio_vs_none": sum(by[(switch, d)]["step_s"] / by[("none", d)]["step_s"] for d in depths) / len(depths),
+            "step_s": {d: by[(switch, d)]["step_s"] for d in depths},
+            "time_ratio_vs_none": (
+                sum(by[(switch, d)]["step_s"] / by[("none", d)]["step_s"] for d in depths) / len(depths)
+                if "none" in switches else None
+            ),
         }
     return summary
 
 
-def table(results: list[dict], key: str, depths: list[int], summary: dict) -> str:
+def table(results: list[dict], key: str, depths: list[int], summary: dict, switches: list[str]) -> str:
     by = {(r["switch"], r["depth"]): r for r in results}
     head = f"{'switch':<14}" + "".join(f"{f'depth {d}':>22}" for d in depths) + f"{f'{depths[-1]}/{depths[0]}':>9}{'time x':>8}"
     lines = [f"peak memory growth in MB ({key}); in brackets: saved activations on the device / moved to host, MB", head]
-    for switch in SWITCHES:
+    for switch in switches:
         cells = "".join(
             f"{by[(switch, d)][key]:>9.0f} ({by[(switch, d)]['saved_device_mb']:.0f}/{by[(switch, d)]['saved_host_mb']:.0f})".rjust(22)
             for d in depths
         )
         s = summary[switch]
-        lines.append(f"{switch:<14}{cells}{s['memory_ratio']:>8.2f}x{s['time_ratio_vs_none']:>7.2f}x")
+        time_ratio = "-" if s["time_ratio_vs_none"] is None else f"{s['time_ratio_vs_none']:.2f}x"
+        lines.append(f"{switch:<14}{cells}{s['memory_ratio']:>8.2f}x{time_ratio:>8}")
     return "\n".join(lines)
 
 
-def plot(results: list[dict], key: str, depths: list[int], path: str) -> None:
+def plot(results: list[dict], key: str, depths: list[int], path: str, switches: list[str]) -> None:
     """Two panels against depth: peak memory growth, and the saved activations left on the device after forward."""
     import matplotlib
 
@@ -245,7 +262,7 @@ def plot(results: list[dict], key: str, depths: list[int], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     panels = ((key, "peak memory growth of the step (MB)"), ("saved_device_mb", "activations kept on the device (MB)"))
     for ax, (field, label) in zip(axes, panels):
-        for (switch, style) in zip(SWITCHES, ("o-", "s--", "^-", "x:")):
+        for (switch, style) in zip(switches, ("o-", "s--", "^-", "x:")):
             values = [next(r[field] for r in results if r["switch"] == switch and r["depth"] == d) for d in depths]
             ax.plot(depths, values, style, label=switch)
         ax.set(xlabel="BPTT depth (segments)", ylabel=label, xticks=depths)
@@ -259,9 +276,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast over fp32 weights")
+    parser.add_argument("--switches", nargs="+", choices=tuple(SWITCHES), default=list(SWITCHES))
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=0, help="key/value heads (0: as many as --heads)")
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--segment-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=2)
@@ -282,17 +302,19 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible to torch.")
     depths = sorted(args.depths)
+    switches = [s for s in SWITCHES if s in args.switches]
     results = []
-    for switch in SWITCHES:
+    for switch in switches:
         for depth in depths:
             results.append(run_worker(args, switch, depth))
             print(f"{switch:>14} depth {depth:>2}: {json.dumps(results[-1])}", flush=True)
     key = memory_key(args.device)
-    summary = summarise(results, key, depths)
-    goal = summary["both"]["memory_ratio"] <= GOAL_RATIO
-    print(table(results, key, depths, summary))
-    print(f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): {'met' if goal else 'NOT met'}")
-    name = "training_memory" if args.device == "cpu" else "training_memory_cuda"
+    summary = summarise(results, key, depths, switches)
+    goal = summary["both"]["memory_ratio"] <= GOAL_RATIO if "both" in summary else None
+    print(table(results, key, depths, summary, switches))
+    if goal is not None:
+        print(f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): {'met' if goal else 'NOT met'}")
+    name = "training_memory" + ("" if args.device == "cpu" else "_cuda") + ("" if args.dtype == "fp32" else f"_{args.dtype}")
     payload = {
         "benchmark": "peak training memory against BPTT depth",
         "model": {k: getattr(args, k) for k in MODEL_ARGS if k not in ("threads", "repeats")} | {"method": "hmt", "sensory_length": 32, "memory_window": 16},
@@ -303,7 +325,7 @@ def main() -> None:
         "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
     }
     write_result(name, payload)
-    plot(results, key, depths, os.path.join(RESULTS, f"{name}.png"))
+    plot(results, key, depths, os.path.join(RESULTS, f"{name}.png"), switches)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ starting from stage 1's weights. Each stage's adapter lands in `<output>/stage1`
     python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
     # LoRA on the backbone, per-segment checkpointing, deeper stage 2:
     python examples/train_hmt.py --lora --gradient-checkpointing --stage2-segments 15 ...
-    # DeepSpeed ZeRO-2 on 2 processes (GPUs, or CPU with gloo):
+    # the paper's protocol: loss on the last segment, a window ending at every segment, full-depth windows only:
+    python examples/train_hmt.py --loss-segments 1 --stride-segments 1 --stage2-segments 15 --min-segments 15 ...
+    # 2 processes (GPUs, or CPU with gloo), plain DDP or DeepSpeed ZeRO-2; a launch with fewer processes is an error:
     torchrun --nproc_per_node 2 examples/train_hmt.py --deepspeed zero2 ...
+    accelerate launch --config_file $(python -m hmt_adapters.training.launch multi_process) --num_processes 2 \
+        examples/train_hmt.py --deepspeed zero2 ...
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ import hmt_adapters as ha
 from hmt_adapters.backbones import smollm2
 from hmt_adapters.data import load_corpus, tokenize_documents
 from hmt_adapters.training import DEEPSPEED_CONFIGS, Stage, add_lora, hmt_stages, train_stages
+from hmt_adapters.training.launch import LaunchReport, check_launch
 
 logger = logging.getLogger("train_hmt")
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="a local causal-LM folder with its tokenizer (default: SmolLM2-135M)")
     p.add_argument("--corpus", default="austen", help="austen, kjv, a .txt/.jsonl file or folder, or a Hub dataset name")
     p.add_argument("--test-documents", type=int, default=1, help="documents held out for evaluation")
     p.add_argument("--eval-tokens", type=int, default=8192, help="tokens read from each held-out document")
@@ -47,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage1-steps", type=int, default=100)
     p.add_argument("--stage2-steps", type=int, default=200)
     p.add_argument("--stage2-segments", type=int, default=8)
+    p.add_argument("--min-segments", type=int, default=1, help="drop windows with fewer full segments (capped at 2 in stage 1)")
+    p.add_argument("--loss-segments", type=int, default=None, help="loss on each window's last k segments only (paper: 1)")
+    p.add_argument("--stride-segments", type=int, default=None, help="a window ends every s segments (paper: 1; default: no overlap)")
     p.add_argument("--batch-size", type=int, default=2, help="per device")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lora", action="store_true", help="train LoRA (rank 8) on the backbone too")
@@ -55,6 +64,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--deepspeed", default=None, help=f"{list(DEEPSPEED_CONFIGS)} or a DeepSpeed JSON file")
     p.add_argument("--save-steps", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--expect-processes", type=int, default=None, help="fail unless this many processes run (default: WORLD_SIZE)")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     return p.parse_args()
 
@@ -64,8 +74,14 @@ def main() -> None:
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO)
     transformers.logging.set_verbosity_info()
     transformers.set_seed(args.seed)
+    state = PartialState(cpu=not torch.cuda.is_available())
+    logger.info("process %d of %d", state.process_index, check_launch(args.expect_processes))
 
-    base, tokenizer = smollm2()
+    if args.model is None:
+        base, tokenizer = smollm2()
+    else:
+        base = transformers.AutoModelForCausalLM.from_pretrained(args.model)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     corpus = load_corpus(args.corpus, args.test_documents)
     logger.info("corpus %s: %d training / %d held-out documents", args.corpus, len(corpus["train"]), len(corpus["test"]))
     train_docs = tokenize_documents(corpus["train"], tokenizer)
@@ -79,12 +95,15 @@ def main() -> None:
             base, "hmt", segment_length=args.segment_length, sensory_length=args.sensory_length,
             memory_window=args.memory_window, retrieval_dim=args.retrieval_dim, use_retrieval=False, **switches,
         )
-        stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments)
+        stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments, args.min_segments)
     else:
         model = ha.wrap_with_memory(
             base, "rmt", segment_length=args.segment_length, num_memory_tokens=args.num_memory_tokens, **switches
         )
-        stages = [Stage(2, args.stage1_steps, "stage1"), Stage(args.stage2_segments, args.stage2_steps, "stage2")]
+        stages = [
+            Stage(2, args.stage1_steps, "stage1", min_segments=min(args.min_segments, 2)),
+            Stage(args.stage2_segments, args.stage2_steps, "stage2", min_segments=args.min_segments),
+        ]
     cuda = torch.cuda.is_available()
     training_args = dict(
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
@@ -95,8 +114,10 @@ def main() -> None:
     model = train_stages(
         model, stages, train_docs, args.output, training_args=training_args, eval_documents=eval_docs,
         deepspeed=args.deepspeed, pad_token_id=tokenizer.pad_token_id or 0,
+        loss_segments=args.loss_segments, stride_segments=args.stride_segments,
+        callbacks=[LaunchReport(args.expect_processes)],
     )
-    if not PartialState().is_main_process:
+    if not state.is_main_process:
         return
     for stage in stages:
         with open(os.path.join(args.output, stage.name, "trainer_state.json")) as fh:

@@ -24,7 +24,7 @@ from .generation import MemoryGenerationCache, check_generation_options
 from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
 from .padding import Packing, read_stream
 from .registry import available_methods, get_method, method_for_config
-from .runtime import IGNORE_INDEX, SegmentRuntime, shift_targets
+from .runtime import IGNORE_INDEX, SegmentRuntime, resolve_keep_logits, shift_targets
 
 
 def _methods_without_attention() -> list[str]:
@@ -120,14 +120,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        return_logits: bool = True,
+        return_logits: bool | None = None,
         past_key_values: MemoryGenerationCache | None = None,
         return_dict: bool = True,
     ) -> MemoryCausalLMOutput:
         """Read `input_ids` `[B, T]` (any T >= 1) segment by segment from an empty memory.
 
         `loss` is the causal-LM loss over the whole input (labels -100 ignored); the last position of segment n
-        predicts the first token of segment n+1. `logits` `[B, T, V]` has one row per input token.
+        predicts the first token of segment n+1. `logits` `[B, T, V]` has one row per input token; `return_logits=None`
+        keeps them except in a Trainer training step (train mode, gradients, labels and `num_items_in_batch`).
         Inside `generate`, `past_key_values` is the generation cache: `input_ids` are then only the new tokens,
         `attention_mask` covers the whole sequence, and `logits` hold the last position only.
         """
@@ -141,10 +142,11 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if labels is not None:
             targets = shift_targets(packing.pack(self._check_labels(labels, ids), IGNORE_INDEX))
         state = self.init_memory(ids.shape[0], ids.device)
-        result = self.runtime.run(packing.pack(ids), packing.packed_mask, targets, state, keep_logits=return_logits)
+        keep = resolve_keep_logits(return_logits, self.training, labels is not None, num_items_in_batch)
+        result = self.runtime.run(packing.pack(ids), packing.packed_mask, targets, state, keep_logits=keep)
         return MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
-            logits=packing.unpack(result.logits) if return_logits else None,
+            logits=packing.unpack(result.logits) if keep else None,
             num_tokens=result.num_tokens if labels is not None else None,
         )
 

@@ -2,7 +2,9 @@
 
 It knows no method by name: it calls `plan`, `prepare` and `update` of a `MemoryMethod` and handles what every
 method shares (segmenting, padding rows, truncated BPTT, activation offload, per-segment checkpointing, the
-cross-segment next-token loss).
+cross-segment next-token loss). A segment whose targets are all ignored and whose logits are not kept gets no LM
+head and no cross-entropy: under last-segment loss (the HMT reference's protocol) only the supervised segments pay
+for the vocabulary projection, with the same loss and gradients (an ignored target contributes exactly zero).
 """
 
 from __future__ import annotations
@@ -32,6 +34,27 @@ def shift_targets(labels: torch.Tensor) -> torch.Tensor:
     """Next-token targets over the whole input: position t predicts `labels[t + 1]`; the last has none."""
     pad = labels.new_full((labels.shape[0], 1), IGNORE_INDEX)
     return torch.cat([labels[:, 1:], pad], dim=1)
+
+
+def supervised_segments(targets: torch.Tensor | None, spans: list[tuple[int, int]]) -> list[bool]:
+    """For each span, whether any row has a target there (one host sync for all segments)."""
+    if targets is None:
+        return [False] * len(spans)
+    hits = (targets != IGNORE_INDEX).any(dim=0).long().cumsum(0)
+    hits = torch.cat([hits.new_zeros(1), hits])  # hits[t]: positions before t with a target
+    starts, ends = (torch.tensor(edge, device=targets.device) for edge in zip(*spans))
+    return (hits[ends] > hits[starts]).tolist()
+
+
+def resolve_keep_logits(return_logits: bool | None, training: bool, has_labels: bool, num_items_in_batch: object) -> bool:
+    """`return_logits=None`: keep logits except in a trainer's training step, which reads only the loss.
+
+    A training step is recognised by what the HF `Trainer` passes there: labels and `num_items_in_batch`, in train
+    mode with gradients on. Evaluation (no gradients) and plain forwards keep them; True/False are obeyed as given.
+    """
+    if return_logits is not None:
+        return bool(return_logits)
+    return not (training and torch.is_grad_enabled() and has_labels and num_items_in_batch is not None)
 
 
 def keep_rows(rows: torch.Tensor, new: State, old: State) -> State:
@@ -77,8 +100,9 @@ class SegmentRuntime:
     ) -> RunResult:
         """Process `input_ids` `[B, T]` segment by segment starting from `state`.
 
-        With `close_last=False` a final segment shorter than `segment_length` stays open: its logits are returned
-        but it is not folded into the state (streaming keeps those tokens pending).
+        With `keep_logits=False`, segments without a target run no LM head and no cross-entropy. With
+        `close_last=False` a final segment shorter than `segment_length` stays open: its logits are returned but it is
+        not folded into the state (streaming keeps those tokens pending).
         """
         cfg = self.config
         length = cfg.segment_length
@@ -98,12 +122,15 @@ class SegmentRuntime:
         num_tokens = torch.zeros((), device=input_ids.device, dtype=torch.long)
         logits = []
         closed = 0
+        supervised = supervised_segments(targets, spans)
+        if targets is not None and not any(supervised):
+            supervised[-1] = True  # no target anywhere: the loss is 0 but must stay in the graph (backward works)
         for n, (s, e) in enumerate(spans):
             index = state.segments_seen + n
             closes = close_last or (e - s) == length
             if cfg.bptt_depth is not None and index > 0 and index % cfg.bptt_depth == 0:
                 tensors = {k: v.detach() for k, v in tensors.items()}
-            seg_targets = None if targets is None else targets[:, s:e]
+            seg_targets = targets[:, s:e] if supervised[n] else None
             args = (input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits)
             if cfg.gradient_checkpointing and grad:
                 ce, count, seg_logits, tensors = checkpoint(self._segment, *args, use_reentrant=False)
@@ -134,7 +161,12 @@ class SegmentRuntime:
         closes: bool,
         keep_logits: bool,
     ):
-        """One segment: assemble the window, run the backbone, score the tokens, write the new state."""
+        """One segment: assemble the window, run the backbone, score the tokens, write the new state.
+
+        `targets=None` means no target in this segment: the LM head then runs only when the logits are kept.
+        """
+        if targets is None and not keep_logits and not (self.memory_enabled and closes):
+            return torch.zeros((), device=ids.device), ids.new_zeros(()), None, tensors  # nothing reads this segment
         segment = Segment(ids, mask, index, self.backbone.embed(ids), closes)
         if self.memory_enabled:
             if plan is None:
@@ -146,9 +178,11 @@ class SegmentRuntime:
         extra = {} if layout.attention is None else {MEMORY_KWARG: layout.attention}
         hidden = self.backbone.body(window, window_mask, **extra)
         start = layout.prefix_length
-        logits = self.backbone.logits(hidden[:, start : start + ids.shape[1]])
+        logits = None
+        if targets is not None or keep_logits:
+            logits = self.backbone.logits(hidden[:, start : start + ids.shape[1]])
         if targets is None:
-            ce, count = logits.new_zeros((), dtype=torch.float32), ids.new_zeros(())
+            ce, count = hidden.new_zeros((), dtype=torch.float32), ids.new_zeros(())
         else:
             flat = targets.reshape(-1)
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX, reduction="sum")

@@ -18,6 +18,8 @@ from hmt_adapters.data import (
     split_by_document,
     tokenize_documents,
 )
+from hmt_adapters.data.windows import depth_summary
+from hmt_adapters.runtime import shift_targets
 
 
 class CharTokenizer:
@@ -50,7 +52,8 @@ def test_collator_pads_per_sample_and_masks_padding_positions_only():
     assert batch["input_ids"].tolist() == [[5, 1, 7], [4, 3, 1]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [[5, 1, 7], [4, 3, -100]]  # the EOS (= pad id) inside a row stays a target
-    assert batch["return_logits"] is False
+    assert "return_logits" not in batch  # the model decides: none in a training step, logits in evaluation
+    assert WindowCollator(return_logits=False)([{"input_ids": [5, 1]}])["return_logits"] is False
     labelled = WindowCollator()([{"input_ids": [5, 6], "labels": [-100, 6]}])
     assert labelled["labels"].tolist() == [[-100, 6]]
 
@@ -66,6 +69,10 @@ def test_collator_pads_per_sample_and_masks_padding_positions_only():
         (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, min_segments=3), ValueError, "min_segments"),
         (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 3]}), 4, 2), ValueError, "longest has 3 tokens"),
         (lambda: load_documents(["/no/such/file.txt"]), FileNotFoundError, "not found"),
+        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, stride=9), ValueError, r"`stride` must be in \[1, 8\]"),
+        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, stride=0), ValueError, "`stride`"),
+        (lambda: WindowCollator(loss_segments=1), ValueError, "needs `segment_length`"),
+        (lambda: WindowCollator(loss_segments=0, segment_length=4), ValueError, "`loss_segments` must be None or an integer"),
     ],
 )
 def test_bad_input_is_a_clear_error(call, error, message):
@@ -120,3 +127,29 @@ def test_tokenized_windows_feed_a_memory_model_through_the_collator():
     batch = WindowCollator(min_length=8)([windows[i] for i in range(len(windows))])
     loss = model(**batch).loss
     assert torch.isfinite(loss) and batch["input_ids"].shape[1] == 24
+
+
+def test_stride_windows_end_every_stride_overlap_and_reach_back_one_window():
+    tokenized = tokenize_documents(documents(30), CharTokenizer())  # 31 tokens with the EOS
+    ids = tokenized["input_ids"][0]
+    windows = make_windows(tokenized, segment_length=4, n_segments=3, stride=4)
+    spans = [(0, 4), (0, 8), (0, 12), (4, 16), (8, 20), (12, 24), (16, 28), (20, 31)]
+    assert windows["input_ids"] == [ids[s:e] for s, e in spans]  # consecutive full windows share 12 - 4 tokens
+    assert make_windows(tokenized, 4, 3, stride=12)["input_ids"] == make_windows(tokenized, 4, 3)["input_ids"]
+    full = make_windows(tokenized, 4, 3, stride=4, min_segments=3)  # only windows with 3 full segments
+    assert full["input_ids"] == [ids[s:e] for s, e in spans[2:7]]
+    assert str(depth_summary(windows, 4, 3)) == "8 windows, 3 segments asked, depth min/median/max 1/3/3, 2 (25.0%) shorter"
+    summary = depth_summary(make_windows(tokenized, 4, 5), 4, 5)  # 20 + 11 tokens: depths 5 and 3
+    assert (summary.min, summary.median, summary.max, summary.shorter) == (3, 4, 5, 1)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_loss_segments_keep_exactly_the_predictions_inside_the_last_k_segments(k):
+    rows = [{"input_ids": list(range(2, 12))}, {"input_ids": list(range(2, 9))}, {"input_ids": [5, 6, 7]}]
+    batch = WindowCollator(loss_segments=k, segment_length=4)(rows)
+    first = {1: [9, 5, 1], 2: [5, 1, 1]}[k]  # one past the start of the last k segments (10, 7, 3 tokens)
+    for row, (n, start) in enumerate(zip([10, 7, 3], first)):
+        labels = batch["labels"][row]
+        assert (labels[:start] == -100).all() and labels[start:n].tolist() == rows[row]["input_ids"][start:] and (labels[n:] == -100).all()
+        predicting = (shift_targets(labels[None])[0] != -100).nonzero().flatten().tolist()
+        assert predicting == list(range(start - 1, n - 1))  # positions inside the last k segments, none before them

@@ -9,6 +9,7 @@ import hmt_adapters as ha
 from hmt_adapters import offload
 from hmt_adapters.memory import append_tail
 from hmt_adapters.runtime import segment_spans, shift_targets
+from hmt_adapters.training import add_lora
 from tiny import random_ids, tiny_backbone
 
 
@@ -105,3 +106,124 @@ def test_offload_hooks_leave_parameters_small_and_host_tensors_in_place():
     assert hooks._pack(host) is host  # already in CPU memory
     big = offload.ActivationOffload([layer])
     assert big.min_bytes == offload.MIN_OFFLOAD_BYTES
+
+
+def last_segment_labels(ids: torch.Tensor, segment_length: int, first: int | None = None) -> torch.Tensor:
+    """Labels of the HMT reference's protocol: targets only for predictions made inside the last segment."""
+    labels = torch.full_like(ids, -100)
+    start = ids.shape[1] - segment_length + 1 if first is None else first
+    labels[:, start:] = ids[:, start:]
+    return labels
+
+
+def count_head_calls(model: ha.MemoryModel) -> list[int]:
+    calls = []
+    model.adapter.model.get_output_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("switches", SWITCHES, ids=["plain", "offload", "checkpoint", "both"])
+def test_last_segment_loss_skips_the_head_of_unsupervised_segments_with_the_same_loss_and_gradients(switches):
+    ids = random_ids(2, 5 * 8)
+    labels = last_segment_labels(ids, 8)
+    results = []
+    for keep in (True, False):
+        backbone = add_lora(tiny_backbone("llama"), rank=2, dropout=0.0)
+        model = ha.wrap_with_memory(backbone, "hmt", segment_length=8, sensory_length=3, memory_window=4, **switches)
+        calls = count_head_calls(model)
+        out = model(input_ids=ids, labels=labels, return_logits=keep)
+        forward_calls = len(calls)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        for group in ("memory.", "lora_B"):  # gradients reach the memory and LoRA through the unsupervised segments
+            assert sum(float(g.abs().sum()) for n, g in grads.items() if group in n) > 0
+        results.append((out.loss.detach(), out.num_tokens, grads, (forward_calls, len(calls))))
+        assert (out.logits is None) == (not keep)
+    (loss, count, grads, calls), (skip_loss, skip_count, skip_grads, skip_calls) = results
+    recompute = 2 if switches.get("gradient_checkpointing") else 1  # checkpointing runs the supervised segment again
+    assert calls[0] == 5 and skip_calls == (1, recompute)
+    assert count == skip_count == 2 * 7
+    torch.testing.assert_close(skip_loss, loss, atol=0, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(skip_grads[name], grad, atol=1e-7, rtol=1e-6)
+
+
+def test_a_segment_with_one_target_keeps_its_head_and_a_segment_nothing_reads_is_skipped():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(1, 4 * 8)
+    calls = count_head_calls(model)
+    model(input_ids=ids, labels=last_segment_labels(ids, 8, first=24), return_logits=False)  # position 23 predicts 24
+    assert len(calls) == 2
+    ran = []
+    model.adapter.body_module.register_forward_hook(lambda *_: ran.append(1))
+    with model.disable_memory():  # no memory to write: unsupervised segments are not run at all
+        out = model(input_ids=ids, labels=last_segment_labels(ids, 8), return_logits=False)
+    assert len(ran) == 1 and int(out.num_tokens) == 7
+
+
+def test_a_batch_without_any_target_still_has_a_differentiable_zero_loss():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(2, 24)
+    out = model(input_ids=ids, labels=torch.full_like(ids, -100), return_logits=False)
+    out.loss.backward()
+    assert float(out.loss) == 0 and int(out.num_tokens) == 0
+    assert all(float(p.grad.abs().sum()) == 0 for p in model.memory_parameters())
+
+
+def test_logits_are_kept_except_in_a_trainer_training_step():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
+    ids = random_ids(2, 20)
+    assert model.training and model(input_ids=ids, labels=ids).logits.shape == (2, 20, 96)  # the public contract
+    assert model(input_ids=ids, labels=ids, num_items_in_batch=10).logits is None  # what Trainer.training_step passes
+    assert model(input_ids=ids, labels=ids, num_items_in_batch=10, return_logits=True).logits.shape == (2, 20, 96)
+    with torch.no_grad():  # Trainer.prediction_step: no gradients, logits for prediction_loss_only=False
+        assert model.eval()(input_ids=ids, labels=ids, num_items_in_batch=10).logits.shape == (2, 20, 96)
+
+
+def test_offload_under_bf16_autocast_moves_no_parameter_cast_and_keeps_gradients(monkeypatch):
+    """Autocast casts fp32 weights to bf16 on every use and linear layers save the cast: those must stay in place."""
+    monkeypatch.setattr(offload.ActivationOffload, "host_device_types", ())  # meter CPU tensors as if on a GPU
+    monkeypatch.setattr(offload, "MIN_OFFLOAD_BYTES", 0)
+    moved = []
+    original_pack = offload.ActivationOffload._pack
+
+    def metering_pack(self, t):
+        packed = original_pack(self, t)
+        if packed is not t:
+            moved.append(t.detach().clone())
+        return packed
+
+    monkeypatch.setattr(offload.ActivationOffload, "_pack", metering_pack)
+    ids = random_ids(2, 4 * 8)
+    results = []
+    for switches in (dict(), dict(offload_activations=True)):
+        torch.manual_seed(0)
+        model = ha.wrap_with_memory(add_lora(tiny_backbone("llama"), rank=2, dropout=0.0), "hmt", segment_length=8,
+                                    sensory_length=3, memory_window=4, **switches)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    params = [p.detach() for p in model.parameters()]
+
+    def is_cast_of_a_parameter(t):  # by value: the tensor equals some parameter cast to its dtype (or its transpose)
+        views = [t, t.mT] if t.dim() == 2 else [t]
+        return any(v.shape == p.shape and v.dtype != p.dtype and torch.equal(v, p.to(v.dtype)) for v in views for p in params)
+
+    assert len(moved) > 50 and {t.dtype for t in moved} >= {torch.bfloat16, torch.float32}
+    assert not [tuple(t.shape) for t in moved if is_cast_of_a_parameter(t)]
+    (ref_loss, ref_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=0, rtol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], atol=0, rtol=0)
+
+
+def test_parameter_casts_are_recognised_in_and_out_of_the_graph():
+    frozen, trainable = torch.nn.Linear(8, 16).requires_grad_(False), torch.nn.Parameter(torch.randn(4, 8))
+    hooks = offload.ActivationOffload([frozen, torch.nn.ParameterList([trainable])], min_bytes=0)
+    cast = frozen.weight.to(torch.bfloat16)
+    assert hooks.is_parameter_cast(cast) and hooks.is_parameter_cast(cast.t())
+    assert hooks.is_parameter_cast(trainable.to(torch.bfloat16).t())
+    activation = torch.randn(3, 16, 8, requires_grad=True)
+    assert not hooks.is_parameter_cast(activation.to(torch.bfloat16)) and not hooks.is_parameter_cast(torch.randn(16, 8))
+    assert not hooks.is_parameter_cast((trainable * 2).to(torch.bfloat16))  # computed from a weight: an activation

@@ -96,3 +96,22 @@ def test_load_state_dict_accepts_a_full_state_dict_and_reports_only_trainable_ga
     assert model.load_state_dict(other.state_dict()) is not None
     result = model.load_state_dict({k: v for k, v in other.state_dict().items() if k.startswith("memory.")})
     assert result.missing_keys == [] and result.unexpected_keys == []
+
+
+def test_trainer_steps_run_the_head_only_on_supervised_segments_and_evaluation_keeps_logits(tmp_path):
+    model = hmt_model()
+    calls = []
+    model.adapter.model.get_output_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    ids = random_ids(4, 24)
+    labels = torch.full_like(ids, -100)
+    labels[:, 17:] = ids[:, 17:]  # predictions inside the last of 3 segments only
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist()})
+    arguments = TrainingArguments(
+        str(tmp_path), max_steps=2, per_device_train_batch_size=2, per_device_eval_batch_size=4, report_to="none",
+        use_cpu=True, disable_tqdm=True, prediction_loss_only=False,
+    )
+    trainer = Trainer(model=model, args=arguments, train_dataset=data, eval_dataset=data, data_collator=WindowCollator())
+    trainer.train()
+    assert len(calls) == 2  # one supervised segment per step, not three
+    prediction = trainer.predict(data)
+    assert prediction.predictions[0].shape == (4, 24, 96) and len(calls) == 2 + 3

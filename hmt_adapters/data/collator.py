@@ -1,7 +1,9 @@
 """`WindowCollator`: pad windows of token ids per batch for a `MemoryModel` under the HF `Trainer`.
 
 `DataCollatorForLanguageModeling` needs a tokenizer and masks every pad-token id in the labels, which drops the EOS
-targets of models whose pad token is their EOS token; this collator masks padding *positions* instead.
+targets of models whose pad token is their EOS token; this collator masks padding *positions* instead. With
+`loss_segments=k` it also keeps only the targets predicted inside each row's last k segments (the HMT reference
+trains on the last segment only); the runtime then runs no LM head on the other segments.
 """
 
 from __future__ import annotations
@@ -22,12 +24,27 @@ class WindowCollator:
     Args:
         pad_token_id: id written into padding positions (never a target: labels there are -100).
         min_length: rows with fewer tokens are an error (e.g. `segment_length`: a shorter window trains no memory).
-        return_logits: passed to the model; False (the default) keeps `[B, T, V]` logits out of training memory.
+        loss_segments: when set, each row's labels are -100 except in its last `loss_segments` segments (segments
+            counted from the row's first token, a partial last one included), and on the first token of those, which
+            no position inside them predicts: the loss covers exactly the predictions made inside the last k segments.
+        segment_length: the model's `segment_length`; needed with `loss_segments`.
+        return_logits: passed to the model when set; None (the default) lets the model decide: no `[B, T, V]` logits in
+            a Trainer training step (which reads only the loss), logits in evaluation.
     """
 
     pad_token_id: int = 0
     min_length: int = 1
-    return_logits: bool = False
+    loss_segments: int | None = None
+    segment_length: int | None = None
+    return_logits: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("loss_segments", "segment_length"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be None or an integer >= 1, got {value!r}.")
+        if self.loss_segments is not None and self.segment_length is None:
+            raise ValueError(f"`loss_segments={self.loss_segments}` needs `segment_length` (the model's segment length).")
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ids = [self._row_ids(n, row) for n, row in enumerate(rows)]
@@ -41,7 +58,17 @@ class WindowCollator:
         mask = torch.zeros((len(ids), length), dtype=torch.long)
         for n, (i, lab) in enumerate(zip(ids, labels)):
             batch_ids[n, : i.numel()], batch_labels[n, : i.numel()], mask[n, : i.numel()] = i, lab, 1
-        return {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels, "return_logits": self.return_logits}
+            if self.loss_segments is not None:
+                batch_labels[n, : self._first_target(i.numel())] = IGNORE_INDEX
+        batch = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
+        if self.return_logits is not None:
+            batch["return_logits"] = self.return_logits
+        return batch
+
+    def _first_target(self, length: int) -> int:
+        """Index of the first label a row keeps: one past the start of its last `loss_segments` segments."""
+        segments = -(-length // self.segment_length)
+        return max(0, segments - self.loss_segments) * self.segment_length + 1
 
     def _row_ids(self, n: int, row: Mapping[str, Any]) -> torch.Tensor:
         if "input_ids" not in row:

@@ -1,10 +1,11 @@
 """Multi-stage BPTT in one call (HMT App. F) and the segment-count curriculum (2 -> 4 -> 8 ...).
 
-Each stage trains on windows of `n_segments` segments (BPTT through all of them) with a fresh `MemoryTrainer`
+Each stage trains on windows of up to `n_segments` segments (BPTT through all of them) with a fresh `MemoryTrainer`
 (fresh optimizer and schedule, as the HMT reference does between stages), saves its adapter into
 `<output_dir>/<stage name>/`, and hands the trained weights to the next stage. A stage that changes the memory config
 (HMT stage 2 turns retrieval on) reloads the previous adapter with `MemoryModel.from_pretrained(..., **config)`,
-which initialises exactly the new weights.
+which initialises exactly the new weights. The paper's protocol (loss on the last segment, a window ending at every
+segment) is `loss_segments=1, stride_segments=1`; each stage logs the depth its windows really have.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from datasets import Dataset
 from transformers import TrainerCallback, TrainingArguments
 
 from ..data import WindowCollator, make_windows
+from ..data.windows import depth_summary
 from ..model import MemoryModel
 from .deepspeed import deepspeed_config
 from .trainer import MemoryTrainer
@@ -35,6 +37,7 @@ class Stage:
     Args:
         n_segments: segments per training window; gradients flow back through all of them (BPTT depth).
         max_steps: optimizer steps of this stage.
+        min_segments: windows with fewer full segments are dropped (`n_segments`: full-depth windows only).
         name: folder name under the output directory (default `stage<i>-<n>seg`).
         config: memory-config changes this stage makes (e.g. `{"use_retrieval": True}`).
         training_args: `TrainingArguments` values for this stage only (e.g. `{"learning_rate": 1e-4}`).
@@ -45,19 +48,25 @@ class Stage:
     name: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     training_args: dict[str, Any] = field(default_factory=dict)
+    min_segments: int = 1
 
     def __post_init__(self) -> None:
-        for key in ("n_segments", "max_steps"):
+        for key in ("n_segments", "max_steps", "min_segments"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Stage `{key}` must be an integer >= 1, got {value!r}.")
+        if self.min_segments > self.n_segments:
+            raise ValueError(f"Stage `min_segments` must be in [1, n_segments={self.n_segments}], got {self.min_segments}.")
 
 
-def hmt_stages(stage1_steps: int, stage2_steps: int, stage2_segments: int = 15) -> list[Stage]:
-    """HMT's recipe: stage 1 without retrieval over 2 segments, stage 2 with retrieval over `stage2_segments` (15 in App. F)."""
+def hmt_stages(stage1_steps: int, stage2_steps: int, stage2_segments: int = 15, min_segments: int = 1) -> list[Stage]:
+    """HMT's recipe: stage 1 without retrieval over 2 segments, stage 2 with retrieval over `stage2_segments` (15 in App. F).
+
+    `min_segments` applies to both stages, capped at stage 1's 2 segments (pass `stage2_segments` for full depth).
+    """
     return [
-        Stage(2, stage1_steps, name="stage1", config={"use_retrieval": False}),
-        Stage(stage2_segments, stage2_steps, name="stage2", config={"use_retrieval": True}),
+        Stage(2, stage1_steps, name="stage1", config={"use_retrieval": False}, min_segments=min(min_segments, 2)),
+        Stage(stage2_segments, stage2_steps, name="stage2", config={"use_retrieval": True}, min_segments=min_segments),
     ]
 
 
@@ -99,32 +108,52 @@ def train_stages(
     deepspeed: str | None = None,
     pad_token_id: int = 0,
     callbacks: Sequence[TrainerCallback] = (),
+    loss_segments: int | None = None,
+    stride_segments: int | None = None,
 ) -> MemoryModel:
     """Train `model` through `stages` and return the last stage's model; each stage's adapter lands in `output_dir/<name>`.
 
     `train_documents`/`eval_documents` are tokenized documents (an `input_ids` list per document, see
     `hmt_adapters.data.tokenize_documents`); each stage cuts them into windows of its own length. `training_args`
     are `TrainingArguments` values shared by all stages; `deepspeed` is a shipped config name or a JSON path.
+    `loss_segments=k`: the loss (training and evaluation) covers only the predictions inside each window's last k
+    segments. `stride_segments=s`: a window ends every s segments (default: windows tile without overlap).
     """
     if not stages:
         raise ValueError("`stages` is empty; pass at least one Stage (see `hmt_stages`, `segment_curriculum`).")
-    stages = [s if s.name else Stage(s.n_segments, s.max_steps, f"stage{i + 1}-{s.n_segments}seg", s.config, s.training_args)
-              for i, s in enumerate(stages)]
+    shortest = min(s.n_segments for s in stages)
+    if stride_segments is not None and (
+        isinstance(stride_segments, bool) or not isinstance(stride_segments, int) or not 1 <= stride_segments <= shortest
+    ):
+        raise ValueError(
+            f"`stride_segments` must be None or an integer in [1, {shortest}] (the shortest stage's window: a longer "
+            f"stride would skip tokens), got {stride_segments!r}."
+        )
+    stages = [s if s.name else replace(s, name=f"stage{i + 1}-{s.n_segments}seg") for i, s in enumerate(stages)]
     names = [s.name for s in stages]
     if len(set(names)) != len(names):
         raise ValueError(f"Stage names must be distinct, got {names}.")
     _check_first_stage(model, stages[0])
     ds_config = deepspeed_config(deepspeed) if deepspeed is not None else None
     segment_length = model.memory_config.segment_length
-    collator = WindowCollator(pad_token_id=pad_token_id, min_length=segment_length)
+    collator = WindowCollator(
+        pad_token_id=pad_token_id, min_length=segment_length, loss_segments=loss_segments, segment_length=segment_length
+    )
     previous_dir = None
     for index, stage in enumerate(stages):
         if index > 0 and stage.config:
             model = MemoryModel.from_pretrained(model.backbone, previous_dir, is_trainable=True, inplace=True, **stage.config)
         stage_dir = os.path.join(output_dir, stage.name)
-        train = make_windows(train_documents, segment_length, stage.n_segments)
-        evaluation = make_windows(eval_documents, segment_length, stage.n_segments) if eval_documents is not None else None
-        logger.info("Stage '%s': %d windows of %d segments, %d steps", stage.name, len(train), stage.n_segments, stage.max_steps)
+        windows = dict(
+            segment_length=segment_length, n_segments=stage.n_segments, min_segments=stage.min_segments,
+            stride=None if stride_segments is None else stride_segments * segment_length,
+        )
+        train = make_windows(train_documents, **windows)
+        evaluation = make_windows(eval_documents, **windows) if eval_documents is not None else None
+        logger.info(
+            "Stage '%s': %s; loss on %s; %d steps", stage.name, depth_summary(train, segment_length, stage.n_segments),
+            "every segment" if loss_segments is None else f"the last {loss_segments} segment(s)", stage.max_steps,
+        )
         trainer = MemoryTrainer(
             model=model,
             args=_stage_args(training_args or {}, stage, stage_dir, ds_config),
