@@ -161,10 +161,13 @@ def test_a_segment_with_one_target_keeps_its_head_and_a_segment_nothing_reads_is
     assert len(ran) == 1 and int(out.num_tokens) == 7
 
 
-def test_a_batch_without_any_target_still_has_a_differentiable_zero_loss():
+def test_a_batch_without_any_target_still_has_a_differentiable_loss():
+    """As transformers: the mean over no target is nan; the Trainer's sum / num_items_in_batch is a zero backward can run."""
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
     ids = random_ids(2, 24)
-    out = model(input_ids=ids, labels=torch.full_like(ids, -100), return_logits=False)
+    labels = torch.full_like(ids, -100)
+    assert torch.isnan(model(input_ids=ids, labels=labels).loss)
+    out = model(input_ids=ids, labels=labels, num_items_in_batch=4)
     out.loss.backward()
     assert float(out.loss) == 0 and int(out.num_tokens) == 0
     assert all(float(p.grad.abs().sum()) == 0 for p in model.memory_parameters())
