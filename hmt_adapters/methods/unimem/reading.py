@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...attention import AttentionCall, AttentionContext, rotate_half
+from ...attention import AttentionCall, AttentionContext, apply_rope
 from ...memory.attend import MemoryRead
 from .trams import trams_scores, trams_select
 
@@ -68,7 +68,7 @@ def rotate_at(
     cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope)
     if positions.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]
-    return k * cos + rotate_half(k) * sin
+    return apply_rope(k, cos, sin)
 
 
 def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
