@@ -134,7 +134,8 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     """
     module = sys.modules.get(type(attn).__module__)
     config = causal_lm.config
-    if getattr(config, "alibi", False) or "alibi" in inspect.signature(attn.forward).parameters:
+    alibi = getattr(config, "alibi", None)  # Falcon: a switch; Bloom: always (its attention takes `alibi`)
+    if alibi or (alibi is None and "alibi" in inspect.signature(attn.forward).parameters):
         return "its ALiBi attention biases logits by token distance inside its own attention code, which memory keys have none of"
     if module is None or not hasattr(module, INTERFACE_NAME):
         return "its attention does not go through transformers' attention interface, where memory keys/values are joined"

@@ -36,6 +36,12 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def _all_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """`x` `[B, 1|Hk, T, D]` with all `heads` materialised (MQA's single key/value head included)."""
+    x = expand_heads(x, heads)
+    return x.expand(x.shape[0], heads, *x.shape[2:])
+
+
 def head_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """`query @ key^T` `[B, Hq, q, k]` for `key` `[B, Hk, k, D]` with `Hk` dividing `Hq` (query head h reads key
     head h // (Hq / Hk)), by grouping the queries instead of repeating the keys."""
@@ -88,8 +94,8 @@ def prefix_attention(
     mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, read.k.shape[2])
     visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
     visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
-    keys = torch.cat([expand_heads(read.k, heads).to(query.dtype), expand_heads(key, heads)], dim=2)
-    values = torch.cat([expand_heads(read.v, heads).to(query.dtype), expand_heads(value, heads)], dim=2)
+    keys = torch.cat([_all_heads(read.k, heads).to(query.dtype), _all_heads(key, heads)], dim=2)
+    values = torch.cat([_all_heads(read.v, heads).to(query.dtype), _all_heads(value, heads)], dim=2)
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
 
 
