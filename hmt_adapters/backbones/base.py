@@ -157,7 +157,8 @@ class BackboneAdapter:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the LM head and the family's own logit transform (scaling, soft-capping; see `family.py`)."""
-        return fam.transform_logits(self.model, self.model.get_output_embeddings()(hidden))
+        head = self.model.get_output_embeddings()
+        return fam.transform_logits(self.model, head(hidden.to(head.weight.dtype)))  # Mamba2's body ends in fp32
 
     # ---- attention structure (attention-level methods) -------------------------------------------------------
 
