@@ -76,7 +76,10 @@ def _config(family: str):
     return AutoConfig.for_model(family, **{**common, **FAMILY_CONFIGS[family]})
 
 
-def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
     """A freshly initialised tiny `*ForCausalLM` of `family` in eval mode (config deep-copied: building mutates it)."""
+    config = copy.deepcopy(_config(family))
+    for key, value in overrides.items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(copy.deepcopy(_config(family))).to(dtype).eval()
+    return AutoModelForCausalLM.from_config(config).to(dtype).eval()
