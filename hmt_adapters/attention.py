@@ -124,10 +124,11 @@ def memory_attention(
     return context.attend(call)
 
 
-def _rope_type(module: nn.Module, layer: int) -> str | None:
-    """The RoPE a layer uses: its `config.layer_types` entry where a family keeps one RoPE per type (Gemma3)."""
+def _rope_type(module: nn.Module, layer: int) -> tuple[str | None, bool]:
+    """The RoPE a layer uses: its `config.layer_types` entry where a family keeps one RoPE per type (Gemma3), and
+    whether it rotates at all."""
     types = getattr(getattr(module, "config", None), "layer_types", None)
-    return types[layer] if types else None
+    return (types[layer] if types else None, bool(getattr(module, "use_rope", True)))  # SmolLM3: NoPE layers
 
 
 # ---- per call -------------------------------------------------------------------------------------------------

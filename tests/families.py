@@ -42,7 +42,7 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3),
     "cohere": dict(logit_scale=0.5),  # interleaved RoPE
     "starcoder2": dict(residual_dropout=0.0, embedding_dropout=0.0),
-    "smollm3": {},
+    "smollm3": dict(no_rope_layers=[1, 0]),  # layer 1 without RoPE (NoPE)
     "gpt_bigcode": dict(_GPT2_STYLE, multi_query=True, **_NO_DROPOUT),
     "opt": dict(ffn_dim=64, word_embed_proj_dim=16, dropout=0.0, layerdrop=0.0),  # projected embedding width
     "gpt2": dict(_GPT2_STYLE, **_NO_DROPOUT),

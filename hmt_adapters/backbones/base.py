@@ -234,10 +234,10 @@ class BackboneAdapter:
         """`(cos, sin)` `[B, T, Dr]` of the backbone's RoPE for layer `layer` at `position_ids`; None without RoPE.
 
         `Dr` < head dim means partial rotary (the first `Dr` dims rotate). Families with one RoPE per layer type
-        (Gemma3: local and global bases) get the layer's own.
+        (Gemma3: local and global bases) get the layer's own; a layer without RoPE (SmolLM3's NoPE layers) gets None.
         """
         rope = self.rope_module
-        if rope is None:
+        if rope is None or (layer is not None and not fam.uses_rope(self.attention_module(layer))):
             return None
         if "layer_type" in inspect.signature(rope.forward).parameters:
             return rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer))

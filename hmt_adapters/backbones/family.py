@@ -97,6 +97,11 @@ def layer_type(config: Any, layer: int) -> str:
     return types[layer] if types else "full_attention"
 
 
+def uses_rope(attn: nn.Module | None) -> bool:
+    """Whether a layer's attention rotates its keys (SmolLM3 keeps NoPE layers: `use_rope` False)."""
+    return bool(getattr(attn, "use_rope", True))
+
+
 def query_projection(attn: nn.Module | None, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """`(W_q [H*D, d], b_q)` of an attention module with a separate or a fused query projection."""
     if attn is None:
