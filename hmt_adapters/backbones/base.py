@@ -267,7 +267,7 @@ class BackboneAdapter:
         if self.takes_position_ids:
             kwargs["position_ids"] = zeros
         try:
-            module(hidden_states=hidden, **kwargs)
+            module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: the layer's hooks see model calls only
         except _Captured as got:
             key, value = got.key, got.value
         else:
