@@ -204,10 +204,13 @@ def support_matrix() -> str | None:
             if c["outcome"] == "refused":
                 row.append(f"no ({reasons.setdefault(c['reason'], len(reasons) + 1)})")
             else:
-                row.append(c["outcome"])
+                row.append(c["outcome"] + ("*" if c.get("memory_layers") else ""))
         lines.append(f"| `{family}`: {cls} | " + " | ".join(row) + " |")
     lines.append("")
     lines += [f"{n}. {reason}." for reason, n in reasons.items()]
+    lines += ["", "\\* hybrid: memory in its attention layers, named explicitly (`memory_layers=[...]`; MELODI "
+              "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise a "
+              "`ValueError` naming the attention layers."]
     return "\n".join(lines)
 
 

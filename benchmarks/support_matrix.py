@@ -3,7 +3,7 @@
     python benchmarks/support_matrix.py      (about a minute on one CPU core)
 
 Each cell wraps the family's tiny random model (`tests/families.py`) with the method: a refusal records its
-reason; a wrapped cell records the largest difference between its logits with memory disabled and the bare
+reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference between its logits with memory disabled and the bare
 backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
 Writes `benchmarks/results/support_matrix.json`, which `render_readme.py` turns into the README's matrix and
 `tests/test_families.py` compares with its own expectations.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import hmt_adapters as ha  # noqa: E402
 from cases import METHOD_CASES  # noqa: E402
-from families import FAMILY_NAMES, VOCAB, family_backbone  # noqa: E402
+from families import FAMILY_NAMES, VOCAB, family_backbone, layer_overrides  # noqa: E402
 
 SEGMENT = 8
 TOLERANCE = 1e-4
@@ -35,14 +35,16 @@ def cell(method: str, family: str) -> dict:
     base = family_backbone(family)
     with torch.no_grad():
         bare = torch.cat([base(input_ids=ids[:, s : s + SEGMENT]).logits for s in range(0, ids.shape[1], SEGMENT)], 1)
+    layers = layer_overrides(method, family)
     try:
-        model = ha.wrap_with_memory(base, method, segment_length=SEGMENT, **METHOD_CASES[method]).eval()
+        model = ha.wrap_with_memory(base, method, segment_length=SEGMENT, **METHOD_CASES[method], **layers).eval()
     except NotImplementedError as err:
         reason = str(err).split(" does not support: ", 1)[-1].split(". Methods that work", 1)[0]
         return {"outcome": "refused", "reason": reason}
     with torch.no_grad(), model.disable_memory():
         diff = float((model(input_ids=ids).logits - bare).abs().max())
-    return {"outcome": "yes" if diff <= TOLERANCE else "wrong", "max_abs_diff_disabled_memory": diff}
+    result = {"outcome": "yes" if diff <= TOLERANCE else "wrong", "max_abs_diff_disabled_memory": diff}
+    return {**result, "memory_layers": layers} if layers else result
 
 
 def main() -> None:

@@ -83,3 +83,18 @@ def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float
         setattr(config, key, value)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).to(dtype).eval()
+
+
+# hybrids: the layers with attention, which attention-level memory must be given explicitly
+HYBRID_ATTENTION_LAYERS = {"jamba": [1], "bamba": [1], "lfm2": [1]}
+
+
+def layer_overrides(method: str, family: str) -> dict:
+    """Memory-layer arguments that put `method`'s memory on a hybrid's attention layers (none elsewhere)."""
+    layers = HYBRID_ATTENTION_LAYERS.get(family)
+    if layers is None or method in ("rmt", "hmt"):
+        return {}
+    if method == "melodi":
+        return dict(short_term_layers=layers, long_term_layer=layers[0])
+    return dict(memory_layers=layers)
+

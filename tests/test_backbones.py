@@ -10,12 +10,13 @@ import hmt_adapters as ha
 from hmt_adapters.attention import AttentionContext
 from hmt_adapters.backbones import get_backbone_adapter
 from hmt_adapters.runtime import MEMORY_KWARG
-from families import FAMILY_NAMES, VOCAB, family_backbone
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, VOCAB, family_backbone
 from test_families import REFUSED
 
 ATTENTION = tuple(f for f in FAMILY_NAMES if f not in REFUSED)
-# RoPE families whose whole state is attention (Falcon-H1's parallel SSM restarts per segment: not a full read)
-ROPE_FULL = tuple(f for f in ATTENTION if f not in ("opt", "gpt2", "gpt_bigcode", "falcon_h1"))
+# RoPE families whose whole state is attention (an SSM restarts every segment: no full read to compare with)
+NOT_ALL_ATTENTION = ("falcon_h1", *HYBRID_ATTENTION_LAYERS)
+ROPE_FULL = tuple(f for f in ATTENTION if f not in ("opt", "gpt2", "gpt_bigcode", *NOT_ALL_ATTENTION))
 
 
 def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -35,9 +36,9 @@ def test_body_output_is_what_the_lm_head_reads(family):
 
 @pytest.mark.parametrize("family", ATTENTION)
 def test_layer_kv_and_query_match_what_the_attention_computes(family):
-    model = ha.wrap_with_memory(family_backbone(family), "transformer_xl", segment_length=8)  # recording attention
+    layer = HYBRID_ATTENTION_LAYERS.get(family, [1])[0]  # the last layer (an attention layer in every hybrid here)
+    model = ha.wrap_with_memory(family_backbone(family), "transformer_xl", segment_length=8, memory_layers=[layer])
     adapter = model.adapter
-    layer = adapter.num_layers - 1
     inputs = []
     adapter.decoder_layers[layer].register_forward_pre_hook(
         lambda m, a, kw: inputs.append(a[0] if a else kw["hidden_states"]), with_kwargs=True

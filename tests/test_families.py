@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import hmt_adapters as ha
 from cases import METHOD_CASES
-from families import FAMILY_NAMES, VOCAB, family_backbone
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, VOCAB, family_backbone, layer_overrides
 
 SEGMENT = 8
 METHODS = tuple(METHOD_CASES)
@@ -27,9 +27,6 @@ REFUSED = {
     "bloom": "ALiBi",
     "stablelm": "keyword arguments",
     "cohere": "interleaved",
-    "jamba": "hybrid",
-    "bamba": "hybrid",
-    "lfm2": "hybrid",
     "mamba": "no attention layers",
     "mamba2": "no attention layers",
     "falcon_mamba": "no attention layers",
@@ -83,7 +80,8 @@ def bare_logits(family: str) -> torch.Tensor:
 @functools.cache
 def wrapped(method: str, family: str) -> ha.MemoryModel:
     bare_logits(family)
-    return ha.wrap_with_memory(backbone(family), method, segment_length=SEGMENT, **METHOD_CASES[method]).eval()
+    kwargs = {"segment_length": SEGMENT, **METHOD_CASES[method], **layer_overrides(method, family)}
+    return ha.wrap_with_memory(backbone(family), method, **kwargs).eval()
 
 
 @pytest.mark.parametrize("method,family", CELLS)
@@ -143,12 +141,20 @@ def test_save_load_and_greedy_generation(method, family, tmp_path):
         torch.testing.assert_close(loaded(input_ids=x).logits, model(input_ids=x).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi", "qwen3_moe", "mamba2", "falcon_h1"])
+@pytest.mark.parametrize("family", sorted(HYBRID_ATTENTION_LAYERS))
+@pytest.mark.parametrize("method", ["transformer_xl", "trams", "melodi"])  # default: every layer (the others: upper)
+def test_hybrids_take_attention_memory_only_in_their_attention_layers(method, family):
+    with pytest.raises(ValueError, match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"):
+        ha.wrap_with_memory(family_backbone(family), method, segment_length=SEGMENT, **METHOD_CASES[method])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi", "qwen3_moe", "mamba2", "falcon_h1", "jamba"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_backbones_train_in_their_dtype(family, dtype):
     methods = INPUT_LEVEL if REFUSED.get(family) else ("hmt", "unimix", "melodi")  # methods with parameters
     for method in methods:
-        model = ha.wrap_with_memory(family_backbone(family, dtype=dtype), method, segment_length=SEGMENT, **METHOD_CASES[method])
+        kwargs = {"segment_length": SEGMENT, **METHOD_CASES[method], **layer_overrides(method, family)}
+        model = ha.wrap_with_memory(family_backbone(family, dtype=dtype), method, **kwargs)
         x = ids(1, 2 * SEGMENT + 3)
         out = model(input_ids=x, labels=x)
         assert out.logits.dtype == dtype and torch.isfinite(out.loss)

@@ -180,13 +180,25 @@ class BackboneAdapter:
             layers = self.decoder_layers
         except NotImplementedError as err:
             return str(err)
-        attns = [fam.find_attention(layer) for layer in layers]
-        if not any(a is not None for a in attns):
+        attns = [a for a in map(fam.find_attention, layers) if a is not None]
+        if not attns:
             return "it has no attention layers (memory can only enter through input embeddings)"
-        if any(a is None for a in attns):
-            plain = [i for i, a in enumerate(attns) if a is None]
-            return f"it is a hybrid whose layers {plain} are not attention layers (memory K/V would be undefined there)"
         return fam.attention_refusal(self.model, attns[0], self.rope_module)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with self-attention (all of them but in hybrids such as Jamba, Bamba, LFM2)."""
+        return tuple(i for i, layer in enumerate(self.decoder_layers) if fam.find_attention(layer) is not None)
+
+    def check_memory_layers(self, field: str, layers: tuple[int, ...]) -> None:
+        """Raise `ValueError` naming `field` when memory is asked of layers without attention (hybrids)."""
+        allowed = self.attention_layers
+        bad = sorted(set(layers) - set(allowed))
+        if bad:
+            raise ValueError(
+                f"{field} must name attention layers of this hybrid '{self.model_type}' backbone, {list(allowed)}; "
+                f"got {bad}, which have no attention (pass the layers explicitly, e.g. {field.split('`')[1]}={list(allowed)})."
+            )
 
     def _memory_kwarg_refusal(self) -> str | None:
         from ..attention import use_memory_attention
@@ -198,7 +210,7 @@ class BackboneAdapter:
         ids = torch.zeros(1, 2, dtype=torch.long, device=next(self.model.parameters()).device)
         with torch.no_grad():
             self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
-        missing = sorted(set(range(self.num_layers)) - probe.layers)
+        missing = sorted(set(self.attention_layers) - probe.layers)
         if not missing:
             return None
         self.model.set_attn_implementation(previous)
