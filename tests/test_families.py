@@ -25,7 +25,6 @@ REFUSED = {
     "gptj": "attention interface",
     "falcon": "attention interface",
     "bloom": "ALiBi",
-    "stablelm": "keyword arguments",
     "cohere": "interleaved",
     "mamba": "no attention layers",
     "mamba2": "no attention layers",

@@ -211,10 +211,17 @@ class BackboneAdapter:
         with torch.no_grad():
             self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
         missing = sorted(set(self.attention_layers) - probe.layers)
+        if missing:  # layers that drop keyword arguments (StableLM): bridge the memory keyword by hooks, probe again
+            for i in missing:
+                fam.bridge_memory_kwarg(self.decoder_layers[i], self.attention_module(i), MEMORY_KWARG)
+            probe = _CountLayers()
+            with torch.no_grad():
+                self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
+            missing = sorted(set(self.attention_layers) - probe.layers)
         if not missing:
             return None
         self.model.set_attn_implementation(previous)
-        return f"its decoder layers do not pass keyword arguments on to attention (layers {missing} never saw the memory)"
+        return f"the memory does not reach the attention of its layers {missing}"
 
     @property
     def supports_attention_memory(self) -> bool:
@@ -271,7 +278,8 @@ class BackboneAdapter:
         from ..runtime import MEMORY_KWARG
 
         module = self.decoder_layers[layer]
-        kwargs: dict[str, Any] = {"attention_mask": None, MEMORY_KWARG: _CaptureKV()}
+        capture = _CaptureKV()
+        kwargs: dict[str, Any] = {"attention_mask": None, MEMORY_KWARG: capture}
         zeros = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         rope = self.rotary(zeros, hidden, layer)
         if rope is not None:
@@ -279,7 +287,8 @@ class BackboneAdapter:
         if self.takes_position_ids:
             kwargs["position_ids"] = zeros
         try:
-            module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: the layer's hooks see model calls only
+            with fam.kept_memory_kwarg(self.attention_module(layer), capture):
+                module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: its hooks see model calls only
         except _Captured as got:
             key, value = got.key, got.value
         else:

@@ -6,8 +6,10 @@ output path (logit scaling, soft-capping, multipliers) reads the model's own att
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -152,3 +154,42 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     if rope is None and getattr(config, "rotary_dim", None):
         return "its RoPE is applied outside a rotary module that memory re-positioning can call"
     return None
+
+
+_KEPT = "_hmt_memory_kwarg"  # on an attention module: the memory keyword its decoder layer was called with
+
+
+def bridge_memory_kwarg(layer: nn.Module, attn: nn.Module, name: str) -> None:
+    """Carry keyword `name` from a decoder layer's call into its attention's call, for layers that do not pass their
+    keyword arguments on (StableLM): the layer's pre-hook keeps it, the attention's pre-hook hands it over. Hooks run
+    again when a checkpointed layer is recomputed, so the memory follows."""
+    if hasattr(attn, _KEPT):
+        return
+
+    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        setattr(attn, _KEPT, kwargs.get(name))
+
+    def hand_over(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        value = getattr(module, _KEPT, None)
+        if value is None or name in kwargs:
+            return None
+        return args, {**kwargs, name: value}
+
+    setattr(attn, _KEPT, None)
+    layer.register_forward_pre_hook(keep, with_kwargs=True)
+    attn.register_forward_pre_hook(hand_over, with_kwargs=True)
+
+
+@contextlib.contextmanager
+def kept_memory_kwarg(attn: nn.Module | None, value: Any) -> Iterator[None]:
+    """Inside, a bridged attention module hands `value` over (for calls of the layer's `forward` without its hooks)."""
+    if attn is None or not hasattr(attn, _KEPT):
+        yield
+        return
+    previous = getattr(attn, _KEPT)
+    setattr(attn, _KEPT, value)
+    try:
+        yield
+    finally:
+        setattr(attn, _KEPT, previous)
+
