@@ -67,3 +67,20 @@ def test_xl_with_memory_covering_the_document_equals_the_bare_backbone(family):
     model = ha.wrap_with_memory(base, "transformer_xl", segment_length=8, memory_size=64).eval()
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_soft_capped_attention_caps_memory_logits_as_the_family_does():
+    """Gemma2 soft-caps attention logits: a top-k read covering the memory (explicit joint softmax) equals
+    Transformer-XL's prefix through the family's own eager attention."""
+    ids = random_ids(2, 4 * 8 + 5)
+    common = dict(segment_length=8, memory_size=20, memory_layers=[0, 1], positions="pos0")
+    logits = []
+    for method, extra in (("transformer_xl", {}), ("memorizing_transformer", dict(topk=20))):
+        base = family_backbone("gemma2", attn_logit_softcapping=2.0)
+        with torch.no_grad():
+            for layer in base.model.layers:  # attention logits of order 10: the cap bites
+                layer.self_attn.q_proj.weight.mul_(30.0)
+        model = ha.wrap_with_memory(base, method, **common, **extra).eval()
+        with torch.no_grad():
+            logits.append(model(input_ids=ids).logits)
+    torch.testing.assert_close(logits[1], logits[0], atol=2e-5, rtol=1e-4)
