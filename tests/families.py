@@ -85,6 +85,19 @@ def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float
     return AutoModelForCausalLM.from_config(config).to(dtype).eval()
 
 
+# family -> what its refusal of attention-level methods must say (input-level methods work everywhere)
+REFUSED = {
+    "gptj": "attention interface",
+    "falcon": "attention interface",
+    "bloom": "ALiBi",
+    "cohere": "interleaved",
+    "mamba": "no attention layers",
+    "mamba2": "no attention layers",
+    "falcon_mamba": "no attention layers",
+    "rwkv": "no attention layers",
+}
+
+
 # hybrids: the layers with attention, which attention-level memory must be given explicitly
 HYBRID_ATTENTION_LAYERS = {"jamba": [1], "bamba": [1], "lfm2": [1]}
 

@@ -10,8 +10,7 @@ import hmt_adapters as ha
 from hmt_adapters.attention import AttentionContext
 from hmt_adapters.backbones import get_backbone_adapter
 from hmt_adapters.runtime import MEMORY_KWARG
-from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, VOCAB, family_backbone
-from test_families import REFUSED
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
 
 ATTENTION = tuple(f for f in FAMILY_NAMES if f not in REFUSED)
 # RoPE families whose whole state is attention (an SSM restarts every segment: no full read to compare with)

@@ -14,23 +14,12 @@ import torch.nn.functional as F
 
 import hmt_adapters as ha
 from cases import METHOD_CASES
-from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, VOCAB, family_backbone, layer_overrides
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone, layer_overrides
 
 SEGMENT = 8
 METHODS = tuple(METHOD_CASES)
 MATRIX_JSON = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "support_matrix.json")
 
-# family -> what its refusal of attention-level methods must say (input-level methods work everywhere)
-REFUSED = {
-    "gptj": "attention interface",
-    "falcon": "attention interface",
-    "bloom": "ALiBi",
-    "cohere": "interleaved",
-    "mamba": "no attention layers",
-    "mamba2": "no attention layers",
-    "falcon_mamba": "no attention layers",
-    "rwkv": "no attention layers",
-}
 INPUT_LEVEL = ("rmt", "hmt")
 
 
