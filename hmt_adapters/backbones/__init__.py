@@ -1,4 +1,5 @@
-"""One small adapter per backbone family, chosen by `config.model_type`."""
+"""The backbone adapter of a causal LM: one generic adapter, subclassed for the few families with a quirk no structure
+reveals (chosen by `config.model_type`)."""
 
 from __future__ import annotations
 
