@@ -23,7 +23,8 @@ from .runtime import MEMORY_KWARG
 
 PREFIX = "hmt_memory_"
 
-Rotary = Callable[..., "tuple[torch.Tensor, torch.Tensor] | None"]  # (position_ids, like, layer) -> (cos, sin)
+# (position_ids, like, layer) -> (cos, sin) or, for a family pairing dimensions its own way, (cos, sin, rotate_half)
+Rotary = Callable[..., "tuple | None"]
 
 
 # ---- RoPE helpers ---------------------------------------------------------------------------------------------
@@ -34,25 +35,29 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+PairRotation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
     """RoPE of `x` `[..., D]` by `cos, sin` broadcastable to `[..., Dr]`; `Dr < D` rotates the first `Dr` dims only
-    (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do."""
+    (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do. `pairs` is the family's own
+    `rotate_half` (which dimensions rotate together: halves by default, neighbours in Cohere)."""
     rot = cos.shape[-1]
     if rot < x.shape[-1]:
-        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
-    return x * cos + rotate_half(x) * sin
+        return torch.cat([apply_rope(x[..., :rot], cos, sin, pairs), x[..., rot:]], dim=-1)
+    return x * cos + pairs(x) * sin
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
     """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, Dr]` (the backbone's own convention)."""
-    return apply_rope(x, cos[:, None], sin[:, None])
+    return apply_rope(x, cos[:, None], sin[:, None], pairs)
 
 
-def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
     """Exact inverse of `rotate`: the pre-RoPE tensor (also for RoPE scaled by an attention factor, as YaRN's)."""
     cos, sin = cos[:, None], sin[:, None]
     norm = cos * cos + sin * sin
-    return apply_rope(x, cos / norm, -sin / norm)
+    return apply_rope(x, cos / norm, -sin / norm, pairs)
 
 
 # ---- masks ----------------------------------------------------------------------------------------------------
@@ -237,8 +242,8 @@ class AttentionContext:
         rope = self.call_rope(call)
         if rope is None:
             return x
-        cos, sin = rope
-        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :])
+        cos, sin, *pairs = rope
+        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :], *pairs)
 
     def attend(self, call: AttentionCall):
         self.calls += 1

@@ -90,7 +90,6 @@ REFUSED = {
     "gptj": "attention interface",
     "falcon": "attention interface",
     "bloom": "ALiBi",
-    "cohere": "interleaved",
     "mamba": "no attention layers",
     "mamba2": "no attention layers",
     "falcon_mamba": "no attention layers",

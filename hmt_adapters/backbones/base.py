@@ -8,8 +8,8 @@ per difference; family files subclass the adapter only for what no structure rev
 
 from __future__ import annotations
 
+import functools
 import inspect
-import sys
 from typing import Any, ClassVar
 
 import torch
@@ -162,13 +162,21 @@ class BackboneAdapter:
 
     # ---- attention structure (attention-level methods) -------------------------------------------------------
 
+    @functools.cached_property
+    def _layers(self) -> nn.ModuleList | None:
+        return fam.find_layers(self.body_module, self.num_layers)
+
     @property
     def decoder_layers(self) -> list[nn.Module]:
         """The decoder layers, in order: the body's module list with one entry per hidden layer."""
-        layers = fam.find_layers(self.body_module, self.num_layers)
-        if layers is None:
+        if self._layers is None:
             raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its body.")
-        return list(layers)
+        return list(self._layers)
+
+    @functools.cached_property
+    def _pairs(self):
+        """The family's own RoPE dimension pairing where it is not the half split (`family.pair_rotation`)."""
+        return fam.pair_rotation(self.attention_module(self.attention_layers[0]))
 
     def attention_module(self, layer: int) -> nn.Module | None:
         """Layer `layer`'s self-attention module (None for a layer without one, e.g. an SSM layer of a hybrid)."""
@@ -252,6 +260,8 @@ class BackboneAdapter:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`(cos, sin)` `[B, T, Dr]` of the backbone's RoPE for layer `layer` at `position_ids`; None without RoPE.
 
+        A family that pairs dimensions its own way (Cohere: neighbours) adds its `rotate_half` as a third entry.
+
         `Dr` < head dim means partial rotary (the first `Dr` dims rotate). Families with one RoPE per layer type
         (Gemma3: local and global bases) get the layer's own; a layer without RoPE (SmolLM3's NoPE layers) gets None.
         """
@@ -259,8 +269,10 @@ class BackboneAdapter:
         if rope is None or (layer is not None and not fam.uses_rope(self.attention_module(layer))):
             return None
         if "layer_type" in inspect.signature(rope.forward).parameters:
-            return rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer))
-        return rope(like, position_ids=position_ids)
+            angles = rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer))
+        else:
+            angles = rope(like, position_ids=position_ids)
+        return tuple(angles) if self._pairs is None else (*angles, self._pairs)
 
     # ---- per-layer attention access ----------------------------------------------------------------------------
 
@@ -283,7 +295,7 @@ class BackboneAdapter:
         zeros = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         rope = self.rotary(zeros, hidden, layer)
         if rope is not None:
-            kwargs["position_embeddings"] = rope
+            kwargs["position_embeddings"] = rope[:2]
         if self.takes_position_ids:
             kwargs["position_ids"] = zeros
         try:

@@ -104,6 +104,22 @@ def uses_rope(attn: nn.Module | None) -> bool:
     return bool(getattr(attn, "use_rope", True))
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The half-split pairing (Llama's, and `attention.rotate_half`'s)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def pair_rotation(attn: nn.Module | None):
+    """The family's own `rotate_half` where it pairs RoPE dimensions differently from the half-split one (Cohere:
+    interleaved neighbours), taken from its modeling module; None for the usual pairing."""
+    family_rotate = getattr(sys.modules.get(type(attn).__module__), "rotate_half", None)
+    if family_rotate is None:
+        return None
+    probe = torch.arange(8.0)
+    return None if torch.equal(family_rotate(probe), _rotate_half(probe)) else family_rotate
+
+
 def query_projection(attn: nn.Module | None, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """`(W_q [H*D, d], b_q)` of an attention module with a separate or a fused query projection."""
     if attn is None:
@@ -126,17 +142,11 @@ def query_projection(attn: nn.Module | None, heads: int, head_dim: int) -> tuple
 # ---- attention-level memory ---------------------------------------------------------------------------------
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | None) -> str | None:
     """Why K/V memory cannot be injected into this family's attention (None: it can).
 
     Memory needs the attention to go through transformers' attention interface (where keys/values are read and
-    memory joins them), and positions it can re-apply: RoPE with the half-split pairing, or learned positions
-    added to the input. ALiBi biases the logits inside the family's own attention by distance, which no memory
+    memory joins them), and positions it can re-apply: RoPE (any pairing), or learned positions added to the input. ALiBi biases the logits inside the family's own attention by distance, which no memory
     key has.
     """
     module = sys.modules.get(type(attn).__module__)
@@ -146,11 +156,6 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
         return "its ALiBi attention biases logits by token distance inside its own attention code, which memory keys have none of"
     if module is None or not hasattr(module, INTERFACE_NAME):
         return "its attention does not go through transformers' attention interface, where memory keys/values are joined"
-    family_rotate = getattr(module, "rotate_half", None)
-    if rope is not None and family_rotate is not None:
-        probe = torch.arange(8.0)
-        if not torch.equal(family_rotate(probe), _rotate_half(probe)):
-            return "its RoPE rotates interleaved dimension pairs, which memory re-positioning does not implement"
     if rope is None and getattr(config, "rotary_dim", None):
         return "its RoPE is applied outside a rotary module that memory re-positioning can call"
     return None

@@ -65,10 +65,10 @@ def rotate_at(
     rope = context.rope_at(positions.reshape(positions.shape[0], -1), like)
     if rope is None:
         return k
-    cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope)
+    cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope[:2])
     if positions.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]
-    return apply_rope(k, cos, sin)
+    return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own dimension pairing, if it has one
 
 
 def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
