@@ -185,7 +185,35 @@ def model_cards() -> None:
         print(f"model card {name}: rendered")
 
 
-SECTIONS = {"demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost}
+def support_matrix() -> str | None:
+    """The family x method matrix of `tests/test_families.py`, as `benchmarks/support_matrix.py` recorded it."""
+    data = load("support_matrix")
+    if data is None:
+        return None
+    methods, cells = data["methods"], data["cells"]
+    reasons: dict[str, int] = {}
+    lines = [f"`python benchmarks/support_matrix.py` (transformers {data['transformers']}, {commit(data)}); every "
+             "`yes` cell passes `tests/test_families.py`; a numbered cell raises `NotImplementedError` naming the "
+             "method, the family and the reason below.", "",
+             "| family (`model_type`: class) | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for family, cls in data["families"].items():
+        row = []
+        for method in methods:
+            c = cells[f"{method}/{family}"]
+            if c["outcome"] == "refused":
+                row.append(f"no ({reasons.setdefault(c['reason'], len(reasons) + 1)})")
+            else:
+                row.append(c["outcome"] + ("*" if c.get("memory_layers") else ""))
+        lines.append(f"| `{family}`: {cls} | " + " | ".join(row) + " |")
+    lines.append("")
+    lines += [f"{n}. {reason}." for reason, n in reasons.items()]
+    lines += ["", "\\* hybrid: memory in its attention layers, named explicitly (`memory_layers=[...]`; MELODI "
+              "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise a "
+              "`ValueError` naming the attention layers."]
+    return "\n".join(lines)
+
+
+SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost}
 
 
 def record_demo(folder: str) -> None:

@@ -23,7 +23,8 @@ from .runtime import MEMORY_KWARG
 
 PREFIX = "hmt_memory_"
 
-Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (position_ids, like, layer) -> (cos, sin) or, for a family pairing dimensions its own way, (cos, sin, rotate_half)
+Rotary = Callable[..., "tuple | None"]
 
 
 # ---- RoPE helpers ---------------------------------------------------------------------------------------------
@@ -34,14 +35,29 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, D]` (the backbone's own convention)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+PairRotation = Callable[[torch.Tensor], torch.Tensor]
 
 
-def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Exact inverse of `rotate`: the pre-RoPE tensor."""
-    return x * cos[:, None] - rotate_half(x) * sin[:, None]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
+    """RoPE of `x` `[..., D]` by `cos, sin` broadcastable to `[..., Dr]`; `Dr < D` rotates the first `Dr` dims only
+    (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do. `pairs` is the family's own
+    `rotate_half` (which dimensions rotate together: halves by default, neighbours in Cohere)."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rot], cos, sin, pairs), x[..., rot:]], dim=-1)
+    return x * cos + pairs(x) * sin
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
+    """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, Dr]` (the backbone's own convention)."""
+    return apply_rope(x, cos[:, None], sin[:, None], pairs)
+
+
+def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
+    """Exact inverse of `rotate`: the pre-RoPE tensor (also for RoPE scaled by an attention factor, as YaRN's)."""
+    cos, sin = cos[:, None], sin[:, None]
+    norm = cos * cos + sin * sin
+    return apply_rope(x, cos / norm, -sin / norm, pairs)
 
 
 # ---- masks ----------------------------------------------------------------------------------------------------
@@ -113,6 +129,13 @@ def memory_attention(
     return context.attend(call)
 
 
+def _rope_type(module: nn.Module, layer: int) -> tuple[str | None, bool]:
+    """The RoPE a layer uses: its `config.layer_types` entry where a family keeps one RoPE per type (Gemma3), and
+    whether it rotates at all."""
+    types = getattr(getattr(module, "config", None), "layer_types", None)
+    return (types[layer] if types else None, bool(getattr(module, "use_rope", True)))  # SmolLM3: NoPE layers
+
+
 # ---- per call -------------------------------------------------------------------------------------------------
 
 
@@ -181,37 +204,50 @@ class AttentionContext:
 
     reads: dict[int, Callable[["AttentionCall", "AttentionContext"], Any]] = field(default_factory=dict)
     record_layers: frozenset[int] = frozenset()
-    rotary: Rotary | None = None  # (position_ids, like) -> (cos, sin); None for families without RoPE
+    rotary: Rotary | None = None  # (position_ids, like, layer) -> (cos, sin); None for families without RoPE
     records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     calls: int = 0
-    _rope_cache: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    layer: int | None = None  # the layer whose attention runs now (RoPE can differ per layer type)
+    _rope_ids: int | None = None
+    _rope_cache: dict = field(default_factory=dict)
 
     def rope_at(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`(cos, sin)` at `position_ids` `[B, T]` (any integers, negatives included), or None without RoPE."""
+        """`(cos, sin)` of the current layer at `position_ids` `[B, T]` (any integers, negatives included), or None
+        without RoPE."""
         if self.rotary is None:
             return None
-        return self.rotary(position_ids, like)
+        return self.rotary(position_ids, like, self.layer)
 
     def call_rope(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`(cos, sin)` of this call's query positions (computed once per backbone call)."""
-        position_ids = call.kwargs.get("position_ids")
-        if self.rotary is None or position_ids is None:
+        """`(cos, sin)` of this call's query positions (computed once per backbone call and RoPE type)."""
+        if self.rotary is None:
             return None
-        if self._rope_cache is None or self._rope_cache[0] != id(position_ids):
-            self._rope_cache = (id(position_ids), self.rotary(position_ids, call.query))
-        return self._rope_cache[1]
+        position_ids = call.kwargs.get("position_ids")
+        if position_ids is None:
+            if self.rotary(torch.zeros(1, 1, dtype=torch.long, device=call.query.device), call.query, call.layer) is None:
+                return None  # no RoPE: nothing to undo
+            raise NotImplementedError(
+                f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the positions "
+                "of its RoPE keys cannot be undone for memory."
+            )
+        if self._rope_ids != id(position_ids):
+            self._rope_ids, self._rope_cache = id(position_ids), {}
+        kind = _rope_type(call.module, call.layer)
+        if kind not in self._rope_cache:
+            self._rope_cache[kind] = self.rotary(position_ids, call.query, call.layer)
+        return self._rope_cache[kind]
 
     def pre_rope(self, call: AttentionCall, x: torch.Tensor) -> torch.Tensor:
         """The un-rotated version of this call's newest `x` rows (keys or queries)."""
         rope = self.call_rope(call)
         if rope is None:
             return x
-        cos, sin = rope
-        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :])
+        cos, sin, *pairs = rope
+        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :], *pairs)
 
     def attend(self, call: AttentionCall):
         self.calls += 1
-        layer = call.layer
+        layer = self.layer = call.layer
         if layer in self.record_layers:
             q_len = call.query.shape[2]
             self.records[layer] = (self.pre_rope(call, call.key[:, :, -q_len:]), call.value[:, :, -q_len:])

@@ -70,11 +70,13 @@ class MemoryMethod(nn.Module):
         return 0
 
     def resolve_layers(self, field: str, layers) -> tuple[int, ...]:
-        """`layers` sorted without repeats, or a `ValueError` naming `field` when one lies beyond the backbone's depth."""
+        """`layers` sorted without repeats, or a `ValueError` naming `field` when one lies beyond the backbone's depth
+        or has no attention (a hybrid's SSM layer)."""
         n = self.backbone.num_layers
         bad = sorted({i for i in layers if i >= n})
         if bad:
             raise ValueError(f"{field} must lie in [0, {n - 1}] for this {n}-layer backbone, got {bad}.")
+        self.backbone.check_memory_layers(field, layers)
         return tuple(sorted(set(layers)))
 
     def check_backbone(self) -> None:

@@ -58,12 +58,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self.backbone = base_model
         self.adapter = adapter
         entry = method_for_config(memory_config)
-        if entry.needs_attention and not self.adapter.supports_attention_memory:
-            raise NotImplementedError(
-                f"'{entry.name}' injects memory into attention layers, which '{self.adapter.model_type}' "
-                f"({type(causal_lm).__name__}) does not support. Methods that work on it: {_methods_without_attention()}."
-            )
         if entry.needs_attention:
+            self.adapter.check_attention_memory(entry.name, _methods_without_attention())
             use_memory_attention(causal_lm)
         self.memory_config = memory_config
         self.memory = entry.method_cls(memory_config, self.adapter)
@@ -82,6 +78,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         for p in self.backbone.parameters():
             if not (keep_peft and p.requires_grad):
                 p.requires_grad_(False)
+
+    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
+        """MoE experts run inside the backbone, which chose their implementation: the wrapper keeps it as is."""
+        return experts_implementation
 
     def _init_weights(self, module: nn.Module) -> None:
         """Weights come from the backbone and the method; nothing is re-initialised."""

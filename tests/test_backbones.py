@@ -1,20 +1,30 @@
-"""Backbone adapters: sizes, the embedding width memory lives in, per-layer K/V and query access."""
+"""Backbone adapters: sizes, the embedding width memory lives in, per-layer K/V and query access, on every family
+whose attention takes memory; Transformer-XL exactness on every RoPE family."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import hmt_adapters as ha
 from hmt_adapters.attention import AttentionContext
 from hmt_adapters.backbones import get_backbone_adapter
 from hmt_adapters.runtime import MEMORY_KWARG
-import hmt_adapters as ha
-from tiny import ATTENTION_FAMILIES, FAMILIES, random_ids, tiny_backbone
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
+
+ATTENTION = tuple(f for f in FAMILY_NAMES if f not in REFUSED)
+# RoPE families whose whole state is attention (an SSM restarts every segment: no full read to compare with)
+NOT_ALL_ATTENTION = ("falcon_h1", *HYBRID_ATTENTION_LAYERS)
+ROPE_FULL = tuple(f for f in ATTENTION if f not in ("opt", "gpt2", "gpt_bigcode", *NOT_ALL_ATTENTION))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_body_output_is_what_the_lm_head_reads(family):
-    base = tiny_backbone(family).eval()
+    base = family_backbone(family)
     adapter = get_backbone_adapter(base)
     ids = random_ids(2, 7)
     with torch.no_grad():
@@ -23,12 +33,11 @@ def test_body_output_is_what_the_lm_head_reads(family):
     assert hidden.shape[-1] == adapter.embed_dim == base.get_input_embeddings().weight.shape[1]
 
 
-@pytest.mark.parametrize("family", ATTENTION_FAMILIES)
+@pytest.mark.parametrize("family", ATTENTION)
 def test_layer_kv_and_query_match_what_the_attention_computes(family):
-    base = tiny_backbone(family).eval()
-    model = ha.wrap_with_memory(base, "transformer_xl", segment_length=8)  # switches to the recording attention
+    layer = HYBRID_ATTENTION_LAYERS.get(family, [1])[0]  # the last layer (an attention layer in every hybrid here)
+    model = ha.wrap_with_memory(family_backbone(family), "transformer_xl", segment_length=8, memory_layers=[layer])
     adapter = model.adapter
-    layer = adapter.num_layers - 1
     inputs = []
     adapter.decoder_layers[layer].register_forward_pre_hook(
         lambda m, a, kw: inputs.append(a[0] if a else kw["hidden_states"]), with_kwargs=True
@@ -38,8 +47,39 @@ def test_layer_kv_and_query_match_what_the_attention_computes(family):
     with torch.no_grad():
         adapter.body(adapter.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: context})
         k, v = adapter.layer_kv(layer, inputs[0])
+    assert k.shape == (2, adapter.num_kv_heads, 6, adapter.head_dim)
     torch.testing.assert_close(k, context.records[layer][0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(v, context.records[layer][1], atol=1e-5, rtol=1e-4)
     w_q, b_q, _ = adapter.layer_query(layer)
     assert w_q.shape == (adapter.num_heads * adapter.head_dim, inputs[0].shape[-1])
     assert b_q is None or b_q.shape == (adapter.num_heads * adapter.head_dim,)
+
+
+@pytest.mark.parametrize("family", ROPE_FULL)
+def test_xl_with_memory_covering_the_document_equals_the_bare_backbone(family):
+    """Partial rotary, QK-norm, GQA, per-layer-type RoPE, MoE, scaled logits: memory keys re-rotated at their true
+    distance give exactly full attention (sliding windows widened to the document: this checks positions)."""
+    base = family_backbone(family, sliding_window=64)
+    ids = random_ids(2, 3 * 8 + 3)
+    with torch.no_grad():
+        ref = base(input_ids=ids).logits
+    model = ha.wrap_with_memory(base, "transformer_xl", segment_length=8, memory_size=64).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_soft_capped_attention_caps_memory_logits_as_the_family_does():
+    """Gemma2 soft-caps attention logits: a top-k read covering the memory (explicit joint softmax) equals
+    Transformer-XL's prefix through the family's own eager attention."""
+    ids = random_ids(2, 4 * 8 + 5)
+    common = dict(segment_length=8, memory_size=20, memory_layers=[0, 1], positions="pos0")
+    logits = []
+    for method, extra in (("transformer_xl", {}), ("memorizing_transformer", dict(topk=20))):
+        base = family_backbone("gemma2", attn_logit_softcapping=2.0)
+        with torch.no_grad():
+            for layer in base.model.layers:  # attention logits of order 10: the cap bites
+                layer.self_attn.q_proj.weight.mul_(30.0)
+        model = ha.wrap_with_memory(base, method, **common, **extra).eval()
+        with torch.no_grad():
+            logits.append(model(input_ids=ids).logits)
+    torch.testing.assert_close(logits[1], logits[0], atol=2e-5, rtol=1e-4)

@@ -1,4 +1,5 @@
-"""One small adapter per backbone family, chosen by `config.model_type`."""
+"""The backbone adapter of a causal LM: one generic adapter, subclassed for the few families with a quirk no structure
+reveals (chosen by `config.model_type`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from torch import nn
 
 from .base import BackboneAdapter, RecurrentAdapter, positions_from_mask, unwrap_causal_lm
 from .gpt2 import GPT2Adapter
-from .llama import LlamaAdapter
 from .mamba import MambaAdapter
 from .opt import OPTAdapter
 from .pretrained import smollm2
@@ -14,7 +14,7 @@ from .rwkv import RwkvAdapter
 
 _ADAPTERS: dict[str, type[BackboneAdapter]] = {
     model_type: cls
-    for cls in (LlamaAdapter, OPTAdapter, GPT2Adapter, MambaAdapter, RwkvAdapter)
+    for cls in (OPTAdapter, GPT2Adapter, MambaAdapter, RwkvAdapter)
     for model_type in cls.model_types
 }
 
@@ -24,7 +24,8 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
 def get_backbone_adapter(model: nn.Module) -> BackboneAdapter:
     """The adapter for `model` (a `*ForCausalLM`, possibly inside a peft `PeftModel`).
 
-    Unknown decoder families get the generic adapter, which supports input-level memory (RMT, HMT).
+    Every family gets the generic adapter, which finds what it needs through transformers' structure; the few
+    families with a quirk no structure reveals (OPT, GPT-2, SSMs, RWKV) subclass it.
     """
     causal_lm = unwrap_causal_lm(model)
     config = getattr(causal_lm, "config", None)

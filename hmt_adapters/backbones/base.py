@@ -1,14 +1,21 @@
-"""`BackboneAdapter`: what the runtime needs from a causal LM, written once for HF decoder models.
+"""`BackboneAdapter`: what the runtime needs from a causal LM, found through transformers' own structure.
 
-Family files subclass it only for their quirks (embedding width, positions, padding, attention layout).
+Embeddings and the LM head come from `get_input_embeddings`/`get_output_embeddings`, the body from `base_model`, the
+decoder layers from the body's layer list, per-layer keys/values and RoPE from the family's own modules (captured
+inside the registered attention function). What a family does differently lives in `family.py`, one named entry
+per difference; family files subclass the adapter only for what no structure reveals (SSM state, RWKV masks).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from . import family as fam
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
@@ -24,13 +31,37 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+class _Captured(Exception):
+    """Raised inside a layer's attention once its keys and values are recorded (the rest of the layer is not run)."""
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor):
+        super().__init__("captured")
+        self.key, self.value = key, value
+
+
+class _CaptureKV:
+    """An attention context (duck-typed for `memory_attention`) that records the layer's K/V and stops the layer."""
+
+    def attend(self, call: Any) -> Any:
+        raise _Captured(call.key, call.value)
+
+
+class _CountLayers:
+    """An attention context that runs each layer unchanged and notes which layers it reached."""
+
+    def __init__(self) -> None:
+        self.layers: set[int] = set()
+
+    def attend(self, call: Any) -> Any:
+        self.layers.add(call.layer)
+        return call.run()
+
+
 class BackboneAdapter:
     """Uniform access to a HF causal LM: embeddings, the body up to the LM-head input, logits and sizes."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
     family: ClassVar[str] = "decoder"
-    has_attention: ClassVar[bool] = True
-    supports_attention_memory: ClassVar[bool] = False  # attention-level memory verified for this family
     takes_position_ids: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module):
@@ -76,7 +107,7 @@ class BackboneAdapter:
 
     @property
     def num_kv_heads(self) -> int:
-        return getattr(self.config, "num_key_value_heads", None) or self.num_heads
+        return fam.kv_heads(self.config) or self.num_heads
 
     @property
     def head_dim(self) -> int:
@@ -89,8 +120,8 @@ class BackboneAdapter:
     # ---- compute ---------------------------------------------------------------------------------------------
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings `[B, T] -> [B, T, d]`."""
-        return self.model.get_input_embeddings()(input_ids)
+        """Token embeddings `[B, T] -> [B, T, d]`, as the body gets them from `input_ids` (family scaling included)."""
+        return fam.scale_input_embeddings(self.body_module, self.model.get_input_embeddings()(input_ids))
 
     def check_mask(self, mask: torch.Tensor) -> None:
         """Raise when the family cannot honour `mask` (all families here can)."""
@@ -125,51 +156,176 @@ class BackboneAdapter:
         return out.last_hidden_state, out.past_key_values
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Apply the LM head (and the family's logit transform, if any)."""
-        logits = self.model.get_output_embeddings()(hidden)
-        cap = getattr(self.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        """Apply the LM head and the family's own logit transform (scaling, soft-capping; see `family.py`)."""
+        head = self.model.get_output_embeddings()
+        return fam.transform_logits(self.model, head(hidden.to(head.weight.dtype)))  # Mamba2's body ends in fp32
 
-    def rotary(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`(cos, sin)` `[B, T, Dh]` of the backbone's RoPE at `position_ids`; None for families without RoPE."""
-        rope = getattr(self.body_module, "rotary_emb", None)
-        if rope is None:
-            return None
-        return rope(like, position_ids=position_ids)
+    # ---- attention structure (attention-level methods) -------------------------------------------------------
 
-
-    # ---- per-layer attention access (attention-level methods) -----------------------------------------------
+    @functools.cached_property
+    def _layers(self) -> nn.ModuleList | None:
+        return fam.find_layers(self.body_module, self.num_layers)
 
     @property
     def decoder_layers(self) -> list[nn.Module]:
-        """The decoder layers, in order."""
-        raise NotImplementedError(f"'{self.model_type}' exposes no decoder layers to hmt-adapters.")
+        """The decoder layers, in order: the body's module list with one entry per hidden layer."""
+        if self._layers is None:
+            raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its body.")
+        return list(self._layers)
+
+    @functools.cached_property
+    def _pairs(self):
+        """The family's own RoPE dimension pairing where it is not the half split (`family.pair_rotation`)."""
+        return fam.pair_rotation(self.attention_module(self.attention_layers[0]))
+
+    def attention_module(self, layer: int) -> nn.Module | None:
+        """Layer `layer`'s self-attention module (None for a layer without one, e.g. an SSM layer of a hybrid)."""
+        return fam.find_attention(self.decoder_layers[layer])
+
+    def attention_refusal(self) -> str | None:
+        """Why attention-level memory cannot be defined on this backbone (None: it can)."""
+        try:
+            layers = self.decoder_layers
+        except NotImplementedError as err:
+            return str(err)
+        attns = [a for a in map(fam.find_attention, layers) if a is not None]
+        if not attns:
+            return "it has no attention layers (memory can only enter through input embeddings)"
+        return fam.attention_refusal(self.model, attns[0], self.rope_module)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with self-attention (all of them but in hybrids such as Jamba, Bamba, LFM2)."""
+        return tuple(i for i, layer in enumerate(self.decoder_layers) if fam.find_attention(layer) is not None)
+
+    def check_memory_layers(self, field: str, layers: tuple[int, ...]) -> None:
+        """Raise `ValueError` naming `field` when memory is asked of layers without attention (hybrids)."""
+        allowed = self.attention_layers
+        bad = sorted(set(layers) - set(allowed))
+        if bad:
+            raise ValueError(
+                f"{field} must name attention layers of this hybrid '{self.model_type}' backbone, {list(allowed)}; "
+                f"got {bad}, which have no attention (pass the layers explicitly, e.g. {field.split('`')[1]}={list(allowed)})."
+            )
+
+    def _memory_kwarg_refusal(self) -> str | None:
+        from ..attention import use_memory_attention
+        from ..runtime import MEMORY_KWARG
+
+        previous = self.config._attn_implementation
+        use_memory_attention(self.model)
+        probe = _CountLayers()
+        ids = torch.zeros(1, 2, dtype=torch.long, device=next(self.model.parameters()).device)
+        with torch.no_grad():
+            self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
+        missing = sorted(set(self.attention_layers) - probe.layers)
+        if missing:  # layers that drop keyword arguments (StableLM): bridge the memory keyword by hooks, probe again
+            for i in missing:
+                fam.bridge_memory_kwarg(self.decoder_layers[i], self.attention_module(i), MEMORY_KWARG)
+            probe = _CountLayers()
+            with torch.no_grad():
+                self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
+            missing = sorted(set(self.attention_layers) - probe.layers)
+        if not missing:
+            return None
+        self.model.set_attn_implementation(previous)
+        return f"the memory does not reach the attention of its layers {missing}"
+
+    @property
+    def supports_attention_memory(self) -> bool:
+        return self.attention_refusal() is None
+
+    def check_attention_memory(self, method: str, alternatives: list[str]) -> None:
+        """Raise `NotImplementedError` naming `method`, the family and the reason when attention memory is undefined.
+
+        Besides the structural checks, one 2-token probe through the memory attention checks that the memory context
+        reaches every layer's attention function (a family whose layers drop keyword arguments would lose memory
+        silently).
+        """
+        reason = self.attention_refusal() or self._memory_kwarg_refusal()
+        if reason is not None:
+            raise NotImplementedError(
+                f"'{method}' injects memory into attention layers, which '{self.model_type}' "
+                f"({type(self.model).__name__}) does not support: {reason}. Methods that work on it: {alternatives}."
+            )
+
+    # ---- RoPE ------------------------------------------------------------------------------------------------
+
+    @property
+    def rope_module(self) -> nn.Module | None:
+        return getattr(self.body_module, "rotary_emb", None)
+
+    def rotary(
+        self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`(cos, sin)` `[B, T, Dr]` of the backbone's RoPE for layer `layer` at `position_ids`; None without RoPE.
+
+        A family that pairs dimensions its own way (Cohere: neighbours) adds its `rotate_half` as a third entry.
+
+        `Dr` < head dim means partial rotary (the first `Dr` dims rotate). Families with one RoPE per layer type
+        (Gemma3: local and global bases) get the layer's own; a layer without RoPE (SmolLM3's NoPE layers) gets None.
+        """
+        rope = self.rope_module
+        if rope is None or (layer is not None and not fam.uses_rope(self.attention_module(layer))):
+            return None
+        if "layer_type" in inspect.signature(rope.forward).parameters:
+            angles = rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer))
+        else:
+            angles = rope(like, position_ids=position_ids)
+        return tuple(angles) if self._pairs is None else (*angles, self._pairs)
+
+    # ---- per-layer attention access ----------------------------------------------------------------------------
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)  # [B, T, H*D] -> [B, H, T, D]
 
-    def attention_input(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """What layer `layer`'s attention projections read, given the layer's input `hidden` `[B, T, d_model]`."""
-        raise NotImplementedError
-
     def layer_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-RoPE keys and values `[B, Hkv, T, D]` that layer `layer` computes from its input `hidden`."""
-        raise NotImplementedError
+        """Pre-RoPE keys and values `[B, Hkv, T, D]` that layer `layer` computes from its input `hidden`.
+
+        Runs the decoder layer itself on `hidden` (at position 0, where RoPE is the identity up to its scale) and
+        captures the keys/values its attention function receives: the family's own norms, projections, QK-norm and
+        multipliers, with no re-implementation. Needs the memory attention (`use_memory_attention`) in place.
+        """
+        from ..attention import unrotate  # attention imports runtime, which imports this package
+        from ..runtime import MEMORY_KWARG
+
+        module = self.decoder_layers[layer]
+        capture = _CaptureKV()
+        kwargs: dict[str, Any] = {"attention_mask": None, MEMORY_KWARG: capture}
+        zeros = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        rope = self.rotary(zeros, hidden, layer)
+        if rope is not None:
+            kwargs["position_embeddings"] = rope[:2]
+        if self.takes_position_ids:
+            kwargs["position_ids"] = zeros
+        try:
+            with fam.kept_memory_kwarg(self.attention_module(layer), capture):
+                module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: its hooks see model calls only
+        except _Captured as got:
+            key, value = got.key, got.value
+        else:
+            raise NotImplementedError(f"'{self.model_type}': layer {layer} ran without calling the memory attention.")
+        return (key if rope is None else unrotate(key, *rope)), value
 
     def layer_query(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """`(W_q [Hq*D, d_model], b_q or None, weight of the norm before attention or None)` of layer `layer`."""
-        raise NotImplementedError
+        block = self.decoder_layers[layer]
+        found = fam.query_projection(fam.find_attention(block), self.num_heads, self.head_dim)
+        if found is None:
+            raise NotImplementedError(f"'{self.model_type}': no query projection found in layer {layer}'s attention.")
+        norm = fam.attention_norm(block)
+        return (*found, None if norm is None else getattr(norm, "weight", None))
 
 
 class RecurrentAdapter(BackboneAdapter):
     """Families without attention (state-space / RNN): memory can only enter through input embeddings."""
 
     family = "recurrent"
-    has_attention = False
     takes_position_ids = False
 
     @property
     def max_positions(self) -> int | None:
         return None
+
+    def attention_refusal(self) -> str | None:
+        return "it has no attention layers (memory can only enter through input embeddings)"

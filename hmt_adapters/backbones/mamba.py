@@ -1,4 +1,4 @@
-"""Mamba: a state-space backbone; memory enters through input embeddings only."""
+"""Mamba, Mamba2, Falcon-Mamba: state-space backbones; memory enters through input embeddings only."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class MambaAdapter(RecurrentAdapter):
     segment) are moved to the front of the row, where Mamba's own left-padding handling makes them a no-op.
     """
 
-    model_types = ("mamba",)
+    model_types = ("mamba", "mamba2", "falcon_mamba")
     continues_multi_token = False  # HF's multi-token scan restarts from a zero SSM state (env notes, pitfall 4)
 
     def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:

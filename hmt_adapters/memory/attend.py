@@ -36,6 +36,12 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def _all_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """`x` `[B, 1|Hk, T, D]` with all `heads` materialised (MQA's single key/value head included)."""
+    x = expand_heads(x, heads)
+    return x.expand(x.shape[0], heads, *x.shape[2:])
+
+
 def head_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """`query @ key^T` `[B, Hq, q, k]` for `key` `[B, Hk, k, D]` with `Hk` dividing `Hq` (query head h reads key
     head h // (Hq / Hk)), by grouping the queries instead of repeating the keys."""
@@ -67,10 +73,11 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
     local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-    if shared_only and call.impl != "eager" and q_len > 1:  # memory per query head (TRAMS under GQA)
+    softcap = call.kwargs.get("softcap")  # Gemma2's attention logit soft-capping, which SDPA cannot apply
+    if shared_only and call.impl != "eager" and q_len > 1 and not softcap:  # memory per query head (TRAMS under GQA)
         out = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
-    else:  # eager, gated, retrieved per query, or one decoded token: explicit, nothing concatenated but logits
-        out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate)
+    else:  # eager, gated, retrieved per query, soft-capped or one decoded token: explicit, nothing concatenated but logits
+        out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate, softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -88,8 +95,8 @@ def prefix_attention(
     mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, read.k.shape[2])
     visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
     visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
-    keys = torch.cat([expand_heads(read.k, heads).to(query.dtype), expand_heads(key, heads)], dim=2)
-    values = torch.cat([expand_heads(read.v, heads).to(query.dtype), expand_heads(value, heads)], dim=2)
+    keys = torch.cat([_all_heads(read.k, heads).to(query.dtype), _all_heads(key, heads)], dim=2)
+    values = torch.cat([_all_heads(read.v, heads).to(query.dtype), _all_heads(value, heads)], dim=2)
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
 
 
@@ -106,20 +113,25 @@ def joint_attention(
     scaling: float,
     dropout: float = 0.0,
     gate: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """`[B, Hq, q, D]`: softmax over `[per-query ; shared memory ; local]` logits (fp32), or the gated mix.
+    `softcap` caps every logit as the family's own attention does (`softcap * tanh(logit / softcap)`).
 
     `query` `[B, Hq, q, D]` and local `key`/`value` `[B, Hkv, k, D]` are post-RoPE; `local_visible` is the layer's
     own mask as bool `[B|1, 1|Hq, q, k]`. A query without any visible memory entry gets local attention only
     under the gate (its memory softmax would be empty).
     """
+    def cap(logits: torch.Tensor) -> torch.Tensor:
+        return logits if not softcap else torch.tanh(logits / softcap) * softcap
+
     mem_visible = expand_heads(read.visible, query.shape[1])
-    s_loc = _masked(head_scores(query, key) * scaling, local_visible)
-    s_mem = [_masked(head_scores(query, read.k.to(query.dtype)) * scaling, mem_visible)]
+    s_loc = _masked(cap(head_scores(query, key) * scaling), local_visible)
+    s_mem = [_masked(cap(head_scores(query, read.k.to(query.dtype)) * scaling), mem_visible)]
     v_parts = [read.v.to(query.dtype)]
     mem_any = mem_visible.any(-1, keepdim=True)
     if read.pq_logits is not None:
-        s_mem.insert(0, _masked(read.pq_logits, read.pq_visible))
+        s_mem.insert(0, _masked(cap(read.pq_logits), read.pq_visible))
         v_parts.insert(0, read.pq_v.to(query.dtype))
         mem_any = mem_any | read.pq_visible.any(-1, keepdim=True)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...attention import AttentionCall, AttentionContext, rotate_half
+from ...attention import AttentionCall, AttentionContext, apply_rope
 from ...memory.attend import MemoryRead
 from .trams import trams_scores, trams_select
 
@@ -65,10 +65,10 @@ def rotate_at(
     rope = context.rope_at(positions.reshape(positions.shape[0], -1), like)
     if rope is None:
         return k
-    cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope)
+    cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope[:2])
     if positions.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]
-    return k * cos + rotate_half(k) * sin
+    return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own dimension pairing, if it has one
 
 
 def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

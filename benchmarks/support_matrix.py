@@ -1,0 +1,69 @@
+"""Record the family x method support matrix: every cell of `tests/test_families.py` run for its outcome.
+
+    python benchmarks/support_matrix.py      (about a minute on one CPU core)
+
+Each cell wraps the family's tiny random model (`tests/families.py`) with the method: a refusal records its
+reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference between its logits with memory disabled and the bare
+backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
+Writes `benchmarks/results/support_matrix.json`, which `render_readme.py` turns into the README's matrix and
+`tests/test_families.py` compares with its own expectations.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import transformers
+
+from common import ROOT, write_result
+
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+import hmt_adapters as ha  # noqa: E402
+from cases import METHOD_CASES  # noqa: E402
+from families import FAMILY_NAMES, VOCAB, family_backbone, layer_overrides  # noqa: E402
+
+SEGMENT = 8
+TOLERANCE = 1e-4
+
+
+def cell(method: str, family: str) -> dict:
+    """`{"outcome": "yes" | "refused" | "wrong", ...}` for one method on one family."""
+    ids = torch.randint(0, VOCAB, (2, 2 * SEGMENT + 3), generator=torch.Generator().manual_seed(0))
+    base = family_backbone(family)
+    with torch.no_grad():
+        bare = torch.cat([base(input_ids=ids[:, s : s + SEGMENT]).logits for s in range(0, ids.shape[1], SEGMENT)], 1)
+    layers = layer_overrides(method, family)
+    try:
+        model = ha.wrap_with_memory(base, method, segment_length=SEGMENT, **METHOD_CASES[method], **layers).eval()
+    except NotImplementedError as err:
+        reason = str(err).split(" does not support: ", 1)[-1].split(". Methods that work", 1)[0]
+        return {"outcome": "refused", "reason": reason}
+    with torch.no_grad(), model.disable_memory():
+        diff = float((model(input_ids=ids).logits - bare).abs().max())
+    result = {"outcome": "yes" if diff <= TOLERANCE else "wrong", "max_abs_diff_disabled_memory": diff}
+    return {**result, "memory_layers": layers} if layers else result
+
+
+def main() -> None:
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    cells, classes = {}, {}
+    for family in FAMILY_NAMES:
+        classes[family] = type(family_backbone(family)).__name__
+        for method in METHOD_CASES:
+            cells[f"{method}/{family}"] = cell(method, family)
+        print(family, " ".join(cells[f"{m}/{family}"]["outcome"] for m in METHOD_CASES), flush=True)
+    write_result("support_matrix", {
+        "command": "python benchmarks/support_matrix.py",
+        "transformers": transformers.__version__,
+        "methods": list(METHOD_CASES),
+        "families": classes,
+        "cells": cells,
+    })
+
+
+if __name__ == "__main__":
+    main()

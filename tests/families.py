@@ -1,0 +1,112 @@
+"""Tiny random configs of 33 Hugging Face causal-LM families (transformers 5.23 `model_type` names), for the
+family matrix: hidden 32, 2 layers, vocab 128, each family's own quirk switched on (partial rotary, QK-norm, MQA,
+logit scaling, multipliers, MoE, hybrid layers) so that a skipped family difference shows."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+VOCAB = 128
+MAX_POSITIONS = 64
+
+_COMMON = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    tie_word_embeddings=False,
+)
+_GPT2_STYLE = dict(n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POSITIONS)
+_NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+# model_type -> overrides of _COMMON (each family's own quirk where it has one)
+FAMILY_CONFIGS: dict[str, dict] = {
+    "llama": {},
+    "mistral": dict(sliding_window=6),
+    "qwen2": {},
+    "qwen3": dict(head_dim=8),  # QK-norm
+    "gemma": dict(head_dim=8),  # embeddings scaled by sqrt(d) inside the body
+    "gemma2": dict(head_dim=8, sliding_window=6, final_logit_softcapping=3.0),
+    "gemma3_text": dict(head_dim=8, sliding_window=6, final_logit_softcapping=3.0),  # per-layer-type RoPE, QK-norm
+    "phi": dict(partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0),
+    "phi3": dict(resid_pdrop=0.0, embd_pdrop=0.0),  # fused qkv_proj
+    "gpt_neox": dict(rotary_pct=0.5, hidden_dropout=0.0, attention_dropout=0.0),
+    "gptj": dict(_GPT2_STYLE, rotary_dim=4, **_NO_DROPOUT),
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2),
+    "bloom": dict(n_layer=2, n_head=4),  # ALiBi
+    "stablelm": dict(partial_rotary_factor=0.5),
+    "olmo": {},
+    "olmo2": {},  # post-norm layers, QK-norm over the full width
+    "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3),
+    "cohere": dict(logit_scale=0.5),  # interleaved RoPE
+    "starcoder2": dict(residual_dropout=0.0, embedding_dropout=0.0),
+    "smollm3": dict(no_rope_layers=[1, 0]),  # layer 1 without RoPE (NoPE)
+    "gpt_bigcode": dict(_GPT2_STYLE, multi_query=True, **_NO_DROPOUT),
+    "opt": dict(ffn_dim=64, word_embed_proj_dim=16, dropout=0.0, layerdrop=0.0),  # projected embedding width
+    "gpt2": dict(_GPT2_STYLE, **_NO_DROPOUT),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=8),
+    "jamba": dict(
+        num_experts=2, attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,
+        mamba_d_state=8, mamba_dt_rank=4,
+    ),
+    "mamba": dict(state_size=8, use_mambapy=True),
+    "mamba2": dict(num_heads=4, head_dim=16, state_size=8, n_groups=1, expand=2),
+    "falcon_mamba": dict(state_size=8, use_mambapy=True),
+    "rwkv": dict(attention_hidden_size=32, context_length=MAX_POSITIONS),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1),
+    "falcon_h1": dict(
+        mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=8, mamba_n_groups=1, head_dim=8,
+        lm_head_multiplier=0.5, embedding_multiplier=2.0,
+    ),
+    "lfm2": dict(layer_types=["conv", "full_attention"], block_ff_dim=64, block_auto_adjust_ff_dim=False),
+}
+
+FAMILY_NAMES = tuple(FAMILY_CONFIGS)
+
+
+@functools.cache
+def _config(family: str):
+    """The family's config; GQA heads only where the family has them (an unknown field would just sit there)."""
+    common = dict(_COMMON)
+    if not hasattr(AutoConfig.for_model(family), "num_key_value_heads"):
+        common.pop("num_key_value_heads")
+    return AutoConfig.for_model(family, **{**common, **FAMILY_CONFIGS[family]})
+
+
+def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
+    """A freshly initialised tiny `*ForCausalLM` of `family` in eval mode (config deep-copied: building mutates it)."""
+    config = copy.deepcopy(_config(family))
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).to(dtype).eval()
+
+
+# family -> what its refusal of attention-level methods must say (input-level methods work everywhere)
+REFUSED = {
+    "gptj": "attention interface",
+    "falcon": "attention interface",
+    "bloom": "ALiBi",
+    "mamba": "no attention layers",
+    "mamba2": "no attention layers",
+    "falcon_mamba": "no attention layers",
+    "rwkv": "no attention layers",
+}
+
+
+# hybrids: the layers with attention, which attention-level memory must be given explicitly
+HYBRID_ATTENTION_LAYERS = {"jamba": [1], "bamba": [1], "lfm2": [1]}
+
+
+def layer_overrides(method: str, family: str) -> dict:
+    """Memory-layer arguments that put `method`'s memory on a hybrid's attention layers (none elsewhere)."""
+    layers = HYBRID_ATTENTION_LAYERS.get(family)
+    if layers is None or method in ("rmt", "hmt"):
+        return {}
+    if method == "melodi":
+        return dict(short_term_layers=layers, long_term_layer=layers[0])
+    return dict(memory_layers=layers)
+

@@ -1,0 +1,159 @@
+"""Every method on 33 Hugging Face causal-LM families (tiny random configs): each cell either matches the bare
+backbone with memory disabled and passes the method's round trips, or is refused with an error naming the method,
+the family and the reason. The README's support matrix is this matrix (`benchmarks/results/support_matrix.json`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hmt_adapters as ha
+from cases import METHOD_CASES
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone, layer_overrides
+
+SEGMENT = 8
+METHODS = tuple(METHOD_CASES)
+MATRIX_JSON = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "support_matrix.json")
+
+INPUT_LEVEL = ("rmt", "hmt")
+
+
+def expected_refusal(method: str, family: str) -> str | None:
+    return None if method in INPUT_LEVEL else REFUSED.get(family)
+
+
+CELLS = [(m, f) for f in FAMILY_NAMES for m in METHODS]
+SUPPORTED = [(m, f) for m, f in CELLS if expected_refusal(m, f) is None]
+ATTENTION_LEVEL = tuple(m for m in METHODS if m not in INPUT_LEVEL)
+
+
+def lean_cells() -> list[tuple[str, str]]:
+    """Heavier round trips (save/load, generate): each family with an input-level method (rmt/hmt alternating) and
+    an attention-level one (rotating through all six; the other input-level method where they are refused)."""
+    cells = []
+    for i, family in enumerate(FAMILY_NAMES):
+        second = ATTENTION_LEVEL[i % len(ATTENTION_LEVEL)]
+        if expected_refusal(second, family):
+            second = INPUT_LEVEL[(i + 1) % 2]
+        cells += [(INPUT_LEVEL[i % 2], family), (second, family)]
+    return cells
+
+
+LEAN = lean_cells()
+
+
+def ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@functools.cache
+def backbone(family: str) -> torch.nn.Module:
+    """One tiny backbone per family, shared by its method wrappers (the memory attention delegates when unused)."""
+    return family_backbone(family)
+
+
+@functools.cache
+def bare_logits(family: str) -> torch.Tensor:
+    """The bare backbone's logits on each 8-token segment of `ids(2, 19)` alone, before any wrapping."""
+    x = ids(2, 2 * SEGMENT + 3)
+    with torch.no_grad():
+        return torch.cat([backbone(family)(input_ids=x[:, s : s + SEGMENT]).logits for s in range(0, x.shape[1], SEGMENT)], 1)
+
+
+@functools.cache
+def wrapped(method: str, family: str) -> ha.MemoryModel:
+    bare_logits(family)
+    kwargs = {"segment_length": SEGMENT, **METHOD_CASES[method], **layer_overrides(method, family)}
+    return ha.wrap_with_memory(backbone(family), method, **kwargs).eval()
+
+
+@pytest.mark.parametrize("method,family", CELLS)
+def test_disabled_memory_equals_the_bare_backbone_or_the_cell_is_refused_with_its_reason(method, family):
+    reason = expected_refusal(method, family)
+    if reason is not None:
+        with pytest.raises(NotImplementedError) as err:
+            wrapped(method, family)
+        message = str(err.value)
+        assert f"'{method}'" in message and f"'{backbone(family).config.model_type}'" in message and reason in message
+        return
+    model = wrapped(method, family)
+    with torch.no_grad(), model.disable_memory():
+        logits = model(input_ids=ids(2, 2 * SEGMENT + 3)).logits
+    torch.testing.assert_close(logits, bare_logits(family), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method,family", SUPPORTED)
+def test_loss_gradients_and_streaming(method, family):
+    model = wrapped(method, family)
+    x = ids(2, 4 * SEGMENT, seed=1)
+    model.zero_grad()
+    out = model(input_ids=x, labels=x)
+    hand = F.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, hand, atol=1e-5, rtol=1e-5)
+    params = dict(model.memory.named_parameters())  # K/V-store methods (transformer_xl, trams, ...) have none
+    if params:
+        out.loss.backward()
+    for name, p in params.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+    with torch.no_grad():
+        state, parts, start = model.init_memory(2), [], 0
+        for size in (5, 11, 3, 13):
+            step, state = model.step(x[:, start : start + size], state)
+            parts.append(step.logits)
+            start += size
+    torch.testing.assert_close(torch.cat(parts, dim=1), out.logits.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method,family", LEAN)
+def test_save_load_and_greedy_generation(method, family, tmp_path):
+    model = wrapped(method, family)
+    prompt = ids(2, 2 * SEGMENT - 1, seed=2)
+    out = model.generate(
+        input_ids=prompt, max_new_tokens=SEGMENT + 2, min_new_tokens=SEGMENT + 2, do_sample=False, pad_token_id=0,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        teacher = model(input_ids=out.sequences[:, :-1]).logits[:, prompt.shape[1] - 1 :]
+    torch.testing.assert_close(torch.stack(out.logits, dim=1), teacher, atol=3e-4, rtol=1e-3)
+    teacher[..., model.generation_config.eos_token_id or 0] = -torch.inf  # min_new_tokens masks eos
+    assert torch.equal(out.sequences[:, prompt.shape[1] :], teacher.argmax(-1))
+    model.save_pretrained(tmp_path)
+    loaded = ha.MemoryModel.from_pretrained(family_backbone(family), str(tmp_path)).eval()
+    x = ids(2, 3 * SEGMENT, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=x).logits, model(input_ids=x).logits, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", sorted(HYBRID_ATTENTION_LAYERS))
+@pytest.mark.parametrize("method", ["transformer_xl", "trams", "melodi"])  # default: every layer (the others: upper)
+def test_hybrids_take_attention_memory_only_in_their_attention_layers(method, family):
+    with pytest.raises(ValueError, match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"):
+        ha.wrap_with_memory(family_backbone(family), method, segment_length=SEGMENT, **METHOD_CASES[method])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi", "qwen3_moe", "mamba2", "falcon_h1", "jamba"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_backbones_train_in_their_dtype(family, dtype):
+    methods = INPUT_LEVEL if REFUSED.get(family) else ("hmt", "unimix", "melodi")  # methods with parameters
+    for method in methods:
+        kwargs = {"segment_length": SEGMENT, **METHOD_CASES[method], **layer_overrides(method, family)}
+        model = ha.wrap_with_memory(family_backbone(family, dtype=dtype), method, **kwargs)
+        x = ids(1, 2 * SEGMENT + 3)
+        out = model(input_ids=x, labels=x)
+        assert out.logits.dtype == dtype and torch.isfinite(out.loss)
+        out.loss.backward()
+        for p in model.memory_parameters():
+            assert p.dtype == dtype and p.grad is not None and torch.isfinite(p.grad).all()
+
+
+def test_the_readme_support_matrix_is_this_matrix():
+    """`benchmarks/results/support_matrix.json` (rendered into the README) records exactly these cell outcomes."""
+    with open(MATRIX_JSON) as f:
+        recorded = json.load(f)["cells"]
+    expected = {f"{m}/{f}": ("refused" if expected_refusal(m, f) else "yes") for m, f in CELLS}
+    assert {key: cell["outcome"] for key, cell in recorded.items()} == expected
