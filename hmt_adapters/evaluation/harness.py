@@ -8,7 +8,7 @@ In Python (any MemoryModel instance):
     from hmt_adapters.evaluation.harness import MemoryLM, write_lm_eval_tasks
     folder = write_lm_eval_tasks("lm_eval_tasks", {"passkey_8k": samples}, tokenizer)
     simple_evaluate(model=MemoryLM(model, tokenizer=tokenizer), tasks=["hmt_passkey_8k"],
-                    task_manager=TaskManager(include_path=folder))
+                    task_manager=TaskManager(include_path=folder, include_defaults=False))
 
 From the command line (`hmt-adapters` is a registered lm-eval model type; backbone + adapter from `model_args`):
 
