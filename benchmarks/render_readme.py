@@ -186,7 +186,15 @@ def model_cards() -> None:
         print(f"model card {name}: rendered")
 
 
-SECTIONS = {"demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost}
+def longcontext() -> str | None:
+    from longcontext import readme_section
+
+    data = load("longcontext")
+    return readme_section(data) if data is not None else None
+
+
+SECTIONS = {"demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
+            "longcontext": longcontext}
 
 
 def record_demo(folder: str) -> None:

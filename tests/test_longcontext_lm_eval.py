@@ -75,3 +75,20 @@ def test_registered_model_type_needs_an_adapter_for_a_backbone_name():
         MemoryLM("smollm2")
     with pytest.raises(TypeError, match="MemoryModel or a backbone name"):
         MemoryLM(tiny_llama(8), tokenizer=tiny_tokenizer())
+
+
+def test_registered_model_type_builds_backbone_and_adapter_from_model_args(tmp_path):
+    tok = tiny_tokenizer()
+    model = _model(tok)
+    backbone, adapter = tmp_path / "backbone", tmp_path / "adapter"
+    model.backbone.save_pretrained(backbone)
+    tok.save_pretrained(backbone)
+    model.save_pretrained(str(adapter))
+    texts = [tok.decode(make_samples("passkey", tok, 160, 1, haystack="repeat")[0].input_ids)]
+    folder = write_lm_eval_tasks(str(tmp_path / "tasks"), {}, tok, books={"book": texts})
+    out = simple_evaluate(model="hmt-adapters", model_args=f"pretrained={backbone},adapter={adapter}",
+                          tasks=["hmt_book"], task_manager=TaskManager(include_path=folder, include_defaults=False),
+                          log_samples=True, bootstrap_iters=0)
+    ids = [tok.bos_token_id] + tok(texts[0], add_special_tokens=False)["input_ids"]
+    expected = -float(token_nll(model, torch.tensor(ids)).double().sum())
+    assert out["samples"]["hmt_book"][0]["resps"][0][0] == pytest.approx(expected, rel=1e-6)

@@ -12,7 +12,7 @@ In Python (any MemoryModel instance):
 
 From the command line (`hmt-adapters` is a registered lm-eval model type; backbone + adapter from `model_args`):
 
-    python -m hmt_adapters.evaluation.harness --model hmt-adapters \
+    python -m hmt_adapters.evaluation --model hmt-adapters \
         --model_args pretrained=smollm2,adapter=examples/adapters/smollm2-hmt --tasks hmt_passkey_8k \
         --include_path lm_eval_tasks --device cpu
 
@@ -147,14 +147,3 @@ def write_lm_eval_tasks(folder: str, samples: Mapping[str, Sequence[Sample]], to
         with open(os.path.join(folder, f"{name}.yaml"), "w") as fh:
             fh.write(_yaml(name, data, body))
     return folder
-
-
-def main() -> None:
-    """lm-eval's command line with the `hmt-adapters` model type registered."""
-    from lm_eval.__main__ import cli_evaluate
-
-    cli_evaluate()
-
-
-if __name__ == "__main__":
-    main()
