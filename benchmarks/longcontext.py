@@ -140,7 +140,7 @@ def main() -> None:
         print("lm-eval tasks:", write_lm_eval_tasks(args.lm_eval_tasks, exported, tokenizer))
 
 
-def readme_section(data: dict) -> str:
+def readme_section(data: dict, name: str = "longcontext") -> str:
     """The README's long-context tables (one per task: accuracy per reader and length, with sample counts)."""
     prov = data.get("provenance", {})
     lines = [f"`{data['command'].replace('benchmarks/longcontext.py', 'python benchmarks/longcontext.py')}` "
@@ -163,7 +163,7 @@ def readme_section(data: dict) -> str:
                   "| reader | " + " | ".join(lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
         lines += [f"| `{r}` | " + " | ".join(f"{v[c]['bin']:.2f}" for c in lengths) + " |" for r, v in book["ppl"].items()]
         lines.append("")
-    lines.append("![long-context accuracy](benchmarks/results/longcontext.png)")
+    lines.append(f"![long-context accuracy](benchmarks/results/{name}.png)")
     return "\n".join(lines)
 
 

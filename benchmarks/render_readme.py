@@ -189,8 +189,9 @@ def model_cards() -> None:
 def longcontext() -> str | None:
     from longcontext import readme_section
 
-    data = load("longcontext")
-    return readme_section(data) if data is not None else None
+    runs = {name: load(name) for name in ("longcontext", "longcontext_niah_qa")}
+    sections = [readme_section(data, name) for name, data in runs.items() if data is not None]
+    return "\n\n".join(sections) if sections else None
 
 
 SECTIONS = {"demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,

@@ -141,10 +141,9 @@ def test_window_reader_sees_only_its_window_and_memory_reader_sees_everything():
     full = Reader("full", base, max_length=150)
     assert not full.fits(200)
     model = ha.wrap_with_memory(tiny_llama(len(tok)), "rmt", segment_length=16, num_memory_tokens=2).eval()
-    memory = Reader("rmt", model)
-    assert memory.generate(sample.input_ids, 6, tok.eos_token_id) != memory.generate(changed, 6, tok.eos_token_id) or \
-        not torch.equal(token_nll(model, torch.tensor(sample.input_ids))[-20:],
-                        token_nll(model, torch.tensor(changed))[-20:])
+    Reader("rmt", model)  # a memory model reads it all: tokens far outside any window change the last predictions
+    late = token_nll(model, torch.tensor(sample.input_ids))[-20:], token_nll(model, torch.tensor(changed))[-20:]
+    assert (late[0] - late[1]).abs().max() > 1e-4
     with pytest.raises(ValueError, match="MemoryModel reads the whole prompt"):
         Reader("bad", model, window=8)
 
