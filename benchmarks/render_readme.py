@@ -189,7 +189,7 @@ def model_cards() -> None:
 def longcontext() -> str | None:
     from longcontext import readme_section
 
-    runs = {name: load(name) for name in ("longcontext", "longcontext_niah_qa")}
+    runs = {name: load(name) for name in ("longcontext", "longcontext_niah_qa", "longcontext_more")}
     sections = [readme_section(data, name) for name, data in runs.items() if data is not None]
     return "\n\n".join(sections) if sections else None
 
