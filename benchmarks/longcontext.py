@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pyplot, write_result  # noqa: E402
+from common import provenance, pyplot, write_result  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
@@ -109,7 +109,8 @@ def main() -> None:
 
     all_readers, info = readers(args)
     tokenizer = info.pop("tokenizer")
-    result = {"command": " ".join(sys.argv), **info, "tasks": args.tasks, "lengths": args.lengths,
+    started = provenance()["git_commit"]  # the code that runs (files written later record the commit at writing)
+    result = {"command": " ".join(sys.argv), "started_at_commit": started, **info, "tasks": args.tasks, "lengths": args.lengths,
               "samples": args.samples, "readers": [r.name for r in all_readers], "rows": [], "table": {}, "book": {}}
     exported = {}
     for task in args.tasks:
