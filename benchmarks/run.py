@@ -17,6 +17,7 @@ TASKS = {
     "elastic": ("elastic.py", "HiPPO reconstruction (Table 12), Elastic Memory throughput and state size"),
     "melodi": ("melodi.py", "MELODI memory bytes against XL/Memorizing, throughput"),
     "training-memory": ("training_memory.py", "peak training memory against BPTT depth, offload/checkpointing"),
+    "longcontext": ("longcontext.py", "passkey, RULER, BABILong-style QA, book ppl: adapters vs the backbone, 4k-1M"),
     "readme": ("render_readme.py", "render the README's result tables from benchmarks/results/"),
 }
 

@@ -1,0 +1,149 @@
+"""lm-evaluation-harness integration: evaluate any `MemoryModel` with lm-eval, and export this suite's samples as
+lm-eval tasks that read local files only.
+
+In Python (any MemoryModel instance):
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from hmt_adapters.evaluation.harness import MemoryLM, write_lm_eval_tasks
+    folder = write_lm_eval_tasks("lm_eval_tasks", {"passkey_8k": samples}, tokenizer)
+    simple_evaluate(model=MemoryLM(model, tokenizer=tokenizer), tasks=["hmt_passkey_8k"],
+                    task_manager=TaskManager(include_path=folder, include_defaults=False))
+
+From the command line (`hmt-adapters` is a registered lm-eval model type; backbone + adapter from `model_args`):
+
+    python -m hmt_adapters.evaluation --model hmt-adapters \
+        --model_args pretrained=smollm2,adapter=examples/adapters/smollm2-hmt --tasks hmt_passkey_8k \
+        --include_path lm_eval_tasks --device cpu
+
+`MemoryLM` is lm-eval's `HFLM` with no context limit (the memory reads any length): `loglikelihood_rolling` scores a
+document as one window, streamed segment by segment through memory (flat memory use); `generate_until` reads the
+prompt segment by segment through `MemoryModel.generate`, so answers are generated across segment boundaries with
+memory. `HFLM(pretrained=<MemoryModel>, max_length=<large>)` gives the same log-likelihoods but holds every logit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from ..model import MemoryModel
+from ..training.evaluation import token_nll
+from .samples import Sample
+from .scoring import score
+
+UNBOUNDED = 2**31 - 1  # lm-eval's `max_length` for a memory model: no window cuts the document or the prompt
+TASK_PREFIX = "hmt_"
+
+
+def load_backbone(pretrained: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """`"smollm2"` (the offline SmolLM2-135M, `hmt_adapters.backbones.smollm2`) or a local/Hub causal LM path."""
+    if pretrained == "smollm2":
+        from ..backbones import smollm2
+
+        return smollm2(dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype), AutoTokenizer.from_pretrained(pretrained)
+
+
+@register_model("hmt-adapters", "hmt_adapters")
+class MemoryLM(HFLM):
+    """lm-eval's `HFLM` around a `MemoryModel`: pass the instance (with `tokenizer`), or `pretrained` = a backbone
+    (`"smollm2"` or a path) plus `adapter` = a saved memory adapter folder; `memory=False` evaluates the same model
+    with each segment read alone (`MemoryModel.disable_memory`, the same-window baseline)."""
+
+    def __init__(self, pretrained: MemoryModel | str, adapter: str | None = None, memory: bool | str = True,
+                 tokenizer: Any = None, max_length: int | None = None, device: str | None = None, **kwargs: Any):
+        if isinstance(pretrained, str):
+            if adapter is None:
+                raise ValueError("`adapter` (a saved memory adapter folder) is required when `pretrained` is a backbone name.")
+            base, loaded = load_backbone(pretrained)
+            pretrained = MemoryModel.from_pretrained(base, adapter)
+            tokenizer = tokenizer or loaded
+        elif adapter is not None:
+            raise ValueError("`adapter` applies to a backbone name; this `pretrained` is already a MemoryModel.")
+        if not isinstance(pretrained, MemoryModel):
+            raise TypeError(f"`pretrained` must be a MemoryModel or a backbone name, got {type(pretrained).__name__}.")
+        if tokenizer is None:
+            raise ValueError("Pass the backbone's `tokenizer` with a MemoryModel instance.")
+        if device is not None:
+            pretrained.to(device)
+        pretrained.eval()
+        if str(memory).lower() in ("false", "0", "off", "no"):
+            pretrained.runtime.memory_enabled = False  # what `disable_memory()` sets, for this evaluator's lifetime
+        super().__init__(pretrained=pretrained, tokenizer=tokenizer, max_length=max_length or UNBOUNDED, **kwargs)
+
+    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each document (every token, the first predicted from the prefix token), streamed through
+        memory one segment at a time; documents longer than `max_length` are scored in lm-eval's rolling windows."""
+        out = []
+        for request in tqdm(requests, desc="loglikelihood_rolling", disable=disable_tqdm):
+            (text,) = request.args
+            ids = [self.prefix_token_id] + self.tok_encode(text)
+            if len(ids) > self.max_length:
+                out.extend(super().loglikelihood_rolling([request], disable_tqdm=True))
+                continue
+            loglikelihood = -float(token_nll(self.model, torch.tensor(ids)).double().sum())
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), loglikelihood)
+            out.append(loglikelihood)
+        return out
+
+
+def process_results(doc: Mapping[str, Any], results: Sequence[str]) -> dict[str, float]:
+    """lm-eval `process_results` of the exported generation tasks: the suite's own exact scoring."""
+    return {"score": score(doc["metric"], results[0], list(doc["answers"]))}
+
+
+def _yaml(name: str, data_file: str, body: str) -> str:
+    return (
+        f"task: {TASK_PREFIX}{name}\ntag:\n  - hmt_longcontext\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {json.dumps(os.path.abspath(data_file))}\ntest_split: test\n{body}metadata:\n  version: 1.0\n"
+    )
+
+
+def write_lm_eval_tasks(folder: str, samples: Mapping[str, Sequence[Sample]], tokenizer: PreTrainedTokenizerBase,
+                        books: Mapping[str, Sequence[str]] | None = None) -> str:
+    """Write lm-eval tasks `hmt_<name>` into `folder` (a YAML and a JSONL file each, plus the scoring hook) and return
+    `folder` for `TaskManager(include_path=...)`.
+
+    `samples`: generation tasks (prompt text = the decoded sample; lm-eval re-tokenizes it, so its length in tokens
+    may differ from `Sample.length` by a few tokens at piece joins); `books`: rolling log-likelihood tasks over texts
+    (word/byte perplexity, bits per byte)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "hmt_hooks.py"), "w") as fh:
+        fh.write("from hmt_adapters.evaluation.harness import process_results  # noqa: F401\n")
+    for name, group in samples.items():
+        if not group:
+            raise ValueError(f"Task {name!r} has no samples.")
+        data = os.path.join(folder, f"{name}.jsonl")
+        with open(data, "w") as fh:
+            for s in group:
+                fh.write(json.dumps({"input": tokenizer.decode(s.input_ids), **s.record(), "metric": s.extra["metric"]}) + "\n")
+        max_new = max(s.extra["max_new_tokens"] for s in group)
+        body = (
+            'output_type: generate_until\ndoc_to_text: "{{input}}"\ndoc_to_target: "{{answers[0]}}"\n'
+            "process_results: !function hmt_hooks.process_results\nmetric_list:\n  - metric: score\n"
+            "    aggregation: mean\n    higher_is_better: true\ngeneration_kwargs:\n  until: []\n"
+            f"  max_gen_toks: {max_new}\n  do_sample: false\n"
+        )
+        with open(os.path.join(folder, f"{name}.yaml"), "w") as fh:
+            fh.write(_yaml(name, data, body))
+    for name, texts in (books or {}).items():
+        data = os.path.join(folder, f"{name}.jsonl")
+        with open(data, "w") as fh:
+            for text in texts:
+                fh.write(json.dumps({"text": text}) + "\n")
+        body = (
+            'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
+            "  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n"
+        )
+        with open(os.path.join(folder, f"{name}.yaml"), "w") as fh:
+            fh.write(_yaml(name, data, body))
+    return folder
