@@ -22,7 +22,7 @@ install: $(VENV)/.installed
 demo: install
 	$(OFFLINE) $(PY) examples/demo.py
 
-# The demo's smoke mode first (same install and data paths at toy size, under a minute), so that pytest's summary
+# The demo's smoke mode first (same install and data paths at toy size, about a minute), so that pytest's summary
 # stays the last line; either failing fails the target.
 test: install
 	$(OFFLINE) $(PY) examples/demo.py --smoke

@@ -4,7 +4,7 @@ Part 1: a tiny model trained from scratch on long-range recall, with and without
 Part 2: SmolLM2-135M with the shipped HMT adapter on a held-out novel, against the same window without memory.
 
     python examples/demo.py            # the full demo, about 10 minutes on 2 CPU cores
-    python examples/demo.py --smoke    # every step and data path of it at toy size (under a minute): `make test` runs it
+    python examples/demo.py --smoke    # every step and data path of it at toy size (about a minute): `make test` runs it
 """
 
 from __future__ import annotations
