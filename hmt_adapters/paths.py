@@ -1,4 +1,4 @@
-"""Where hmt-adapters caches converted models and exported corpora."""
+"""Where hmt-adapters caches converted models (the SmolLM2 checkpoint dequantised from its GGUF file)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,6 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_zero2_on_two_processes_keeps_ranks_identical_writes_adapter_only_and_resumes(tmp_path):
-    pytest.importorskip("deepspeed")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), WORKER, str(tmp_path)]

