@@ -17,6 +17,9 @@ TASKS = {
     "elastic": ("elastic.py", "HiPPO reconstruction (Table 12), Elastic Memory throughput and state size"),
     "melodi": ("melodi.py", "MELODI memory bytes against XL/Memorizing, throughput"),
     "training-memory": ("training_memory.py", "peak training memory against BPTT depth, offload/checkpointing"),
+    "last-segment-loss": ("last_segment_loss.py", "last-segment loss at depth 16: the head skip against every-token loss"),
+    "support-matrix": ("support_matrix.py", "the family x method matrix of tests/test_families.py, for the README"),
+    "lower-bounds": ("lower_bounds.py", "a fresh venv at every dependency's floor, smoke tests and demo smoke"),
     "longcontext": ("longcontext.py", "passkey, RULER, BABILong-style QA, book ppl: adapters vs the backbone, 4k-1M"),
     "readme": ("render_readme.py", "render the README's result tables from benchmarks/results/"),
 }
