@@ -21,9 +21,12 @@ from .backbones.pretrained import SMOLLM2_NAME, smollm2
 from .config import CONFIG_NAME, read_json_object
 from .model import MemoryModel
 
-# Base models built by this package rather than downloaded: name -> (builder(dtype, **kwargs), code shown on cards).
-KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str]] = {
-    SMOLLM2_NAME: (lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]"),
+# Base models built by this package rather than downloaded: name -> (builder(dtype, **kwargs), code shown on cards,
+# the Hub repo the weights come from, for the card's `base_model` metadata).
+KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str, str]] = {
+    SMOLLM2_NAME: (
+        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]", "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ),
 }
 # Download keywords that also apply to a base model fetched from the Hub (revision and subfolder are the adapter's).
 BASE_DOWNLOAD_KWARGS = ("token", "cache_dir", "local_files_only", "force_download")

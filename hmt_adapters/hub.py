@@ -112,7 +112,12 @@ def adapter_folder(
 
 
 def card_base_model(base: str | None) -> str | None:
-    """`base` when it is a Hub repo id (what the card's `base_model` metadata may name), else None."""
+    """The Hub repo id the card's `base_model` metadata names: `base` itself, the origin of a base this package
+    builds (e.g. SmolLM2 from its PyPI GGUF), else None."""
+    from .auto import KNOWN_BASES
+
+    if base in KNOWN_BASES:
+        return KNOWN_BASES[base][2]
     if not base:
         return None
     try:

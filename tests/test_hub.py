@@ -151,6 +151,17 @@ def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
     assert hub.config["method"] == "hmt"
 
 
+def test_a_card_for_a_base_this_package_builds_names_its_hub_origin_and_the_code_that_builds_it():
+    from hmt_adapters.backbones.pretrained import SMOLLM2_NAME
+    from hmt_adapters.hub import render_model_card
+
+    base = tiny_backbone("llama")
+    base.config._name_or_path = SMOLLM2_NAME
+    card = str(render_model_card(ha.wrap_with_memory(base, "rmt", segment_length=8), repo_id="me/smol-rmt"))
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card
+    assert "base = hmt_adapters.backbones.smollm2()[0]" in card
+
+
 def test_push_to_hub_passes_branch_pull_request_and_commit_options_to_huggingface_hub(monkeypatch):
     hub = HubRecorder(monkeypatch)
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
