@@ -32,7 +32,7 @@ import time
 import torch
 
 from common import ROOT, in_fresh_process, write_result  # benchmarks/ is the script folder
-from training_memory import MB, PeakRSS, build_model
+from training_memory import MB, SWITCHES, PeakRSS, add_model_args, build_model
 
 VARIANTS = ("every-token", "last-segment", "last-segment, previous code")
 MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size", "depth", "threads",
@@ -118,19 +118,9 @@ def table(results: list[dict], key: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast over fp32 weights")
+    add_model_args(parser)
     parser.add_argument("--depth", type=int, default=16)
-    parser.add_argument("--switch", default="none", choices=("none", "offload", "checkpointing", "both"))
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=0, help="key/value heads (0: as many as --heads)")
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--segment-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per variant (the fastest is kept)")
+    parser.add_argument("--switch", default="none", choices=tuple(SWITCHES))
     parser.add_argument("--previous", default="2355dae", help="commit of the code before the skip")
     parser.add_argument("--worker", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

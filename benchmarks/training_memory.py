@@ -272,12 +272,10 @@ def plot(results: list[dict], key: str, depths: list[int], path: str, switches: 
     fig.savefig(path, dpi=120)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model, device and timing options every training-step benchmark takes (`MODEL_ARGS` passes them to workers)."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast over fp32 weights")
-    parser.add_argument("--switches", nargs="+", choices=tuple(SWITCHES), default=list(SWITCHES))
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
@@ -287,6 +285,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (the fastest is kept)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--switches", nargs="+", choices=tuple(SWITCHES), default=list(SWITCHES))
     parser.add_argument("--worker", nargs=2, metavar=("SWITCH", "DEPTH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
