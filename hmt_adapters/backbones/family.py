@@ -75,22 +75,23 @@ def find_layers(body: nn.Module, count: int) -> nn.ModuleList | None:
     return None
 
 
-def find_attention(layer: nn.Module) -> nn.Module | None:
-    """The decoder layer's self-attention module, or None (an SSM / convolution layer of a hybrid)."""
-    for name in ATTENTION_NAMES:
+def first_submodule(layer: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    """The first of `layer`'s attributes named in `names` that is a module, or None."""
+    for name in names:
         module = getattr(layer, name, None)
         if isinstance(module, nn.Module):
             return module
     return None
+
+
+def find_attention(layer: nn.Module) -> nn.Module | None:
+    """The decoder layer's self-attention module, or None (an SSM / convolution layer of a hybrid)."""
+    return first_submodule(layer, ATTENTION_NAMES)
 
 
 def attention_norm(layer: nn.Module) -> nn.Module | None:
     """The norm that feeds the layer's attention (None for post-norm layers such as OLMo2's)."""
-    for name in ATTENTION_NORM_NAMES:
-        module = getattr(layer, name, None)
-        if isinstance(module, nn.Module):
-            return module
-    return None
+    return first_submodule(layer, ATTENTION_NORM_NAMES)
 
 
 def layer_type(config: Any, layer: int) -> str:
