@@ -27,6 +27,16 @@ def key_positions(batch: dict[str, torch.Tensor], task: RecallTask) -> torch.Ten
 
 
 @torch.no_grad()
+def run_patched(model, method, name: str, fn, input_ids: torch.Tensor) -> None:
+    """One eval forward of `model` with `method.<name>` replaced by `fn` on the instance, restored afterwards."""
+    setattr(method, name, fn)
+    try:
+        model.eval()
+        model(input_ids=input_ids)
+    finally:
+        delattr(method, name)
+
+
 def probe_unimem(model, task: RecallTask, gap: int, batch_size: int = 64, seed: int = 1234) -> dict[int, dict]:
     """Per memory layer `{stored, read, mass_mean, mass_max}` at the query segment (see the module docstring)."""
     method = model.memory
@@ -74,12 +84,7 @@ def probe_unimem(model, task: RecallTask, gap: int, batch_size: int = 64, seed: 
             "mass_max_head": float(mass.mean((0, 1)).max()),
         }
 
-    method._attend = attend_probed
-    try:
-        model.eval()
-        model(input_ids=batch["input_ids"])
-    finally:
-        del method._attend
+    run_patched(model, method, "_attend", attend_probed, batch["input_ids"])
     return dict(sorted(found.items()))
 
 
@@ -154,10 +159,5 @@ def probe_elastic(model, task: RecallTask, gap: int, batch_size: int = 64, seed:
 
         return attend
 
-    method.prepare = prepare
-    try:
-        model.eval()
-        model(input_ids=batch["input_ids"])
-    finally:
-        del method.prepare
+    run_patched(model, method, "prepare", prepare, batch["input_ids"])
     return dict(sorted(found.items()))
