@@ -66,11 +66,11 @@ def columns_below(counts: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def shift_columns(x: torch.Tensor, start: torch.Tensor, width: int, fill: int | float = 0) -> torch.Tensor:
-    """`[B, width, ...]`: row i's columns `[start[i], start[i] + width)` of `x` (past its end: `fill`)."""
+    """`[B, width, ...]`: row i's columns `[start[i], start[i] + width)` of `x` (outside `x`, before or past it: `fill`)."""
     cols = start[:, None] + torch.arange(width, device=x.device)[None, :]
-    inside = cols < x.shape[1]
+    inside = (cols >= 0) & (cols < x.shape[1])
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    out = x[rows, cols.clamp(max=max(x.shape[1] - 1, 0))] if x.shape[1] else x.new_full((x.shape[0], width, *x.shape[2:]), fill)
+    out = x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))] if x.shape[1] else x.new_full((x.shape[0], width, *x.shape[2:]), fill)
     keep = inside.view(*inside.shape, *([1] * (x.dim() - 2)))
     return torch.where(keep, out, torch.full_like(out, fill))
 
@@ -85,12 +85,7 @@ def align_ends(ids: torch.Tensor, counts: torch.Tensor, segment_length: int) -> 
     lead = total - counts  # padding in front of each row
     if bool((lead % segment_length != 0).any()):
         raise ValueError("align_ends needs row lengths that agree modulo segment_length.")
-    start = -lead
-    cols = start[:, None] + torch.arange(total, device=ids.device)[None, :]
-    mask = (cols >= 0).long()
-    rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
-    out = ids[rows, cols.clamp(min=0, max=max(ids.shape[1] - 1, 0))] if ids.shape[1] else ids.new_zeros(ids.shape[0], total)
-    return torch.where(mask.bool(), out, torch.zeros_like(out)), mask
+    return shift_columns(ids, -lead, total), (~columns_below(lead, total)).long()
 
 
 def select_rows(state: MemoryState, index: torch.Tensor) -> MemoryState:
