@@ -33,10 +33,10 @@ BASE_DOWNLOAD_KWARGS = ("token", "cache_dir", "local_files_only", "force_downloa
 
 
 def base_model_code(name: str | None) -> str:
-    """A Python expression that builds the base model `name` (for model cards)."""
+    """The Python lines that import what they need and build the base model `name` as `base` (for model cards)."""
     if name in KNOWN_BASES:
-        return f"hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
-    return f'AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")'
+        return f"import hmt_adapters\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
+    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")'
 
 
 def load_base_model(name: str, dtype: torch.dtype | None = None, **kwargs: Any) -> PreTrainedModel:
