@@ -214,10 +214,13 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
     from peft import PeftModel, set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
+    from .training.lora import peft_on_transformers5
+
     if not any(os.path.isfile(os.path.join(folder, n)) for n in (hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)):
         raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
     if not is_peft(base_model):
-        return PeftModel.from_pretrained(base_model, folder, is_trainable=is_trainable)
+        with peft_on_transformers5():
+            return PeftModel.from_pretrained(base_model, folder, is_trainable=is_trainable)
     result = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
     if result.unexpected_keys:
         raise ValueError(

@@ -6,7 +6,9 @@ Target modules come from peft's per-architecture defaults; `wrap_with_memory` ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
@@ -31,6 +33,15 @@ def lora_target_modules(model: nn.Module) -> list[str]:
     return list(targets)
 
 
+@contextlib.contextmanager
+def peft_on_transformers5() -> Iterator[None]:
+    """Silence the FutureWarning peft triggers by reading transformers' deprecated `is_gradient_checkpointing` (peft's
+    call, nothing a user can change)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def add_lora(
     model: nn.Module,
     rank: int = DEFAULT_RANK,
@@ -43,4 +54,5 @@ def add_lora(
         raise ValueError("The model already carries peft adapters; pass the plain causal LM to `add_lora`.")
     targets = list(target_modules) if target_modules is not None else lora_target_modules(model)
     config = LoraConfig(task_type="CAUSAL_LM", r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
-    return get_peft_model(model, config)
+    with peft_on_transformers5():
+        return get_peft_model(model, config)
