@@ -9,6 +9,9 @@ first real token; rows whose segments close at different steps decode in separat
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +29,24 @@ if TYPE_CHECKING:
 
 PREFILL_SEGMENTS = 32  # segments read per runtime call while prefilling (bounds transient memory)
 WORKING_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
+
+
+class _RightPaddingWarning(logging.Filter):
+    """Drops transformers' "right-padding was detected" warning: memory models read each row from its mask."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "right-padding was detected" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def padding_handled() -> Iterator[None]:
+    """Within HF `generate`, silence the advice to left-pad: any padding gives the unpadded row's tokens here."""
+    generate_logger, quiet = logging.getLogger("transformers.generation.utils"), _RightPaddingWarning()
+    generate_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        generate_logger.removeFilter(quiet)
 
 
 def check_generation_options(config: GenerationConfig, kwargs: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from . import adapter_io, checkpoint, hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
 from .config import MemoryConfig
-from .generation import MemoryGenerationCache, check_generation_options
+from .generation import MemoryGenerationCache, check_generation_options, padding_handled
 from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
 from .padding import Packing, read_stream
 from .registry import available_methods, get_method, method_for_config
@@ -285,7 +285,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             kwargs["past_key_values"] = MemoryGenerationCache(self, state)
         elif memory_state is not None:
             raise ValueError("`memory_state` needs the generation cache; do not pass `use_cache=False` with it.")
-        return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
+        with padding_handled():
+            return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
 
     def _expand_inputs_for_generation(
         self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None, **model_kwargs: Any

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -87,6 +89,22 @@ def test_padded_rows_generate_the_unpadded_rows_tokens(method, family):
     for i in range(len(batch) - 1):
         assert torch.equal(out[i], alone), f"row {i} padded {LAYOUTS[i] if i < len(LAYOUTS) else 'in the middle'}"
     assert torch.equal(out[-1], alone_other)
+
+
+def test_generating_from_a_right_padded_batch_does_not_advise_left_padding():
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    generate_logger = logging.getLogger("transformers.generation.utils")
+    generate_logger.addHandler(handler)
+    try:
+        batch, mask, _, _ = padded_batch()
+        wrap("rmt", "llama").eval().generate(input_ids=batch, attention_mask=mask, pad_token_id=0, max_new_tokens=2)
+        wrap("rmt", "llama").backbone.generate(input_ids=batch, attention_mask=mask, pad_token_id=0, max_new_tokens=1)
+    finally:
+        generate_logger.removeHandler(handler)
+    # the bare backbone is still told (its right-padded rows do go wrong); the memory model's rows do not
+    assert sum("right-padding was detected" in r for r in records) == 1
 
 
 def test_a_state_from_padded_steps_continues_each_row_in_generate():
