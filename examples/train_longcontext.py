@@ -108,6 +108,15 @@ def build_model(base: torch.nn.Module, method: str, segment_length: int, max_seg
     return ha.wrap_with_memory(base, method, segment_length=segment_length, freeze_backbone=freeze_backbone, **kwargs)
 
 
+def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
+    """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at least 1)."""
+    return max(1, min(batch_size, batch_tokens // length))
+
+
+def depth_or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
 def eval_depths(samples: int) -> list[float]:
     """`samples` needle depths evenly spread over the haystack, start (0) and end (1) included; 0.5 for one."""
     if samples < 1:
@@ -184,7 +193,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="lengths never trained on (16384 segments of 64 tokens = 1M tokens)")
     p.add_argument("--eval-samples", type=int, default=8, help="samples per evaluated length (needle depths 0 to 1)")
     p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-tokens", type=int, default=4096,
+                   help="at most this many tokens per training batch: longer levels take fewer samples")
+    p.add_argument("--warmup-depth", type=depth_or_none, default=0.0,
+                   help="a first stage at the first level with every needle at this depth ('none': no such stage)")
     p.add_argument("--eval-size", type=int, default=32, help="fixed batch that decides the curriculum")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--advance-at", type=float, default=0.9)
@@ -229,31 +242,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     rng = torch.Generator().manual_seed(args.seed)
     on = lambda data: {k: v.to(device) for k, v in data.items()}  # noqa: E731
-    fixed = {n: batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack)[0] for n in args.levels}
+    stages = [(n, None) for n in args.levels]
+    if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
+        stages.insert(0, (args.levels[0], args.warmup_depth))
+    fixed = {(n, d): batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack,
+                           None if d is None else [d] * args.eval_size)[0] for n, d in stages}
     history, stage, passed, start = report["history"], 0, 0, time.time()
     bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
-        n = args.levels[stage]
-        if stage and step % 2:
-            n = args.levels[int(torch.randint(0, stage, (1,), generator=rng))]
-        loss = model(**on(batch(args.task, tokenizer, n * seg, args.batch_size, step, args.haystack)[0])).loss
+        n, depth = stages[stage]
+        if stage and step % 2:  # revisit an earlier length (at random depths)
+            n, depth = stages[int(torch.randint(0, stage, (1,), generator=rng))][0], None
+        size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
+        data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, None if depth is None else [depth] * size)[0]
+        loss = model(**on(data)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % args.eval_every:
             continue
-        level = args.levels[stage]
-        exact = exact_accuracy(model, on(fixed[level]), 32 * seg)
-        history.append({"step": step, "segments": level, "loss": loss.item(), "exact": exact, "seconds": time.time() - start})
-        bar.set_description(f"{args.task} {level} segments exact {exact:.2f}")
+        level, depth = stages[stage]
+        exact = exact_accuracy(model, on(fixed[stages[stage]]), 32 * seg)
+        history.append({"step": step, "segments": level, "depth": depth, "loss": loss.item(), "exact": exact,
+                        "seconds": time.time() - start})
+        save()
+        bar.set_description(f"{args.task} {level} segments{'' if depth is None else f' depth {depth}'} exact {exact:.2f}")
         passed = passed + 1 if exact >= args.advance_at else 0
-        if stage < len(args.levels) - 1 and passed:
+        if stage < len(stages) - 1 and passed:
             stage, passed = stage + 1, 0
         elif passed == 2:
             break
     bar.close()
-    report.update(last_level_trained=args.levels[stage], steps=history[-1]["step"] if history else 0,
+    report.update(last_level_trained=stages[stage][0], steps=history[-1]["step"] if history else 0,
                   train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))
     save()
@@ -266,12 +287,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["accuracy"][str(n)] = {
             "segments": n, "tokens": n * seg, "exact": float(exact.float().mean()), "correct": int(exact.sum()),
             "samples": len(depths), "answer_token_accuracy": float(hits.float().mean()),
-            "trained": n <= args.levels[stage], "seconds": time.time() - begin,
+            "trained": n <= stages[stage][0], "seconds": time.time() - begin,
             "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e)} for d, p, e in zip(depths, positions, exact.tolist())],
         }
         save()
         print(f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"
-              f"{'' if n <= args.levels[stage] else '  (never trained)'}", flush=True)
+              f"{'' if n <= stages[stage][0] else '  (never trained)'}", flush=True)
     report["total_seconds"] = time.time() - start
     save()
     return report
