@@ -67,7 +67,8 @@ def plot(data: dict, path: Path) -> None:
     ax.axvspan(0, longest_trained, color="0.9", label="trained lengths")
     ax.set_xscale("log")
     ax.set(xlabel="prompt length (tokens)", ylabel="exact passkey accuracy", ylim=(-0.05, 1.05),
-           title="Tiny Llama + memory, trained to 16 segments of 64 tokens")
+           title=f"Tiny Llama + memory, curriculum to {max(max(r['args']['levels']) for r in data['runs'].values())} "
+                 f"segments of {next(iter(data['runs'].values()))['args']['segment_length']} tokens: passkey")
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
