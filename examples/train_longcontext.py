@@ -24,8 +24,10 @@ and `--method-option key=value` (repeatable) sets any config field of the method
     python benchmarks/longcontext.py --adapters hmt=runs/lc-smollm2/adapter --tasks passkey niah_single \
         --lengths 4k 8k 16k 32k 128k 1M --samples 20
 
-Writes the adapter to `<output>/adapter` once training ends and `<output>/report.json` (provenance, arguments,
-curriculum history, accuracy per length) after every evaluation, so a cut-off run keeps what it measured.
+Writes the adapter to `<output>/adapter` once training ends (for `--model tiny` also the trained backbone and its
+tokenizer to `<output>/backbone`; `--init-from <output>` continues from them) and `<output>/report.json`
+(provenance, arguments, curriculum history, accuracy per length) after every evaluation, so a cut-off run keeps what
+it measured.
 """
 
 from __future__ import annotations
@@ -143,9 +145,11 @@ def batch(task: str, tokenizer, length: int, size: int, seed: int, haystack: str
 
 
 @torch.no_grad()
-def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int, progress: str | None = None) -> torch.Tensor:
-    """Teacher-forced argmax == answer, per sample and answer token (`[batch, answer tokens]`), the prompt streamed
-    `chunk` tokens at a time (a token progress bar titled `progress` if given)."""
+def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int,
+                progress: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced argmax == answer per sample and answer token (`[batch, answer tokens]`), and each sample's
+    answer NLL in nats per token (`[batch]`); the prompt streamed `chunk` tokens at a time (a token progress bar
+    titled `progress` if given)."""
     was = model.training
     model.eval()
     ids, labels = data["input_ids"], data["labels"]
@@ -160,12 +164,14 @@ def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int
         bar.update(min(chunk, ids.shape[1] - start))
     bar.close()
     model.train(was)
-    return torch.cat(logits, dim=1).argmax(-1) == ids[:, answer_from:]
+    logits, answer = torch.cat(logits, dim=1).float(), ids[:, answer_from:]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), answer, reduction="none").mean(-1)
+    return logits.argmax(-1) == answer, nll
 
 
 def exact_accuracy(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int) -> float:
     """Share of samples whose whole answer is right."""
-    return float(answer_hits(model, data, chunk).all(-1).float().mean())
+    return float(answer_hits(model, data, chunk)[0].all(-1).float().mean())
 
 
 def provenance() -> dict[str, Any]:
@@ -205,6 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--init-from", metavar="FOLDER",
+                   help="continue from a previous run's --output (its adapter; for --model tiny also its backbone)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="runs/longcontext")
     return p.parse_args(argv)
@@ -216,7 +224,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)
-    if args.model == "tiny":
+    if args.model == "tiny" and args.init_from:  # a previous tiny run's trained backbone and tokenizer
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(args.init_from, "backbone"))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(args.init_from, "backbone"))
+        freeze = False
+    elif args.model == "tiny":
         base, tokenizer = tiny_backbone(args.haystack, args.seed, args.layers, args.width)
         freeze = False  # trained from scratch: the backbone learns the task with the memory
     else:
@@ -228,7 +240,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             base = add_lora(base)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seg = args.segment_length
-    model = build_model(base, args.method, seg, max(args.levels + args.eval_segments), options, freeze)
+    if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
+        model = ha.MemoryModel.from_pretrained(base, os.path.join(args.init_from, "adapter"), is_trainable=True)
+        model.backbone.requires_grad_(not freeze)
+    else:
+        model = build_model(base, args.method, seg, max(args.levels + args.eval_segments), options, freeze)
     model.to(device).train()
     os.makedirs(args.output, exist_ok=True)
     report: dict[str, Any] = {"provenance": provenance(), "args": vars(args),
@@ -278,18 +294,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report.update(last_level_trained=stages[stage][0], steps=history[-1]["step"] if history else 0,
                   train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))
+    if not freeze:  # the adapter files hold the memory weights only; a backbone trained from scratch goes beside them
+        model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
+        tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
     save()
     depths = eval_depths(args.eval_samples)
     for n in sorted(set(args.levels + args.eval_segments)):
         begin = time.time()
         data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
-        hits = answer_hits(model, on(data), 32 * seg, progress=f"eval {n} segments ({n * seg} tokens)").cpu()
+        hits, nll = answer_hits(model, on(data), 32 * seg, progress=f"eval {n} segments ({n * seg} tokens)")
+        hits, nll = hits.cpu(), nll.cpu()
         exact = hits.all(-1)
         report["accuracy"][str(n)] = {
             "segments": n, "tokens": n * seg, "exact": float(exact.float().mean()), "correct": int(exact.sum()),
             "samples": len(depths), "answer_token_accuracy": float(hits.float().mean()),
             "trained": n <= stages[stage][0], "seconds": time.time() - begin,
-            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e)} for d, p, e in zip(depths, positions, exact.tolist())],
+            "answer_nll": float(nll.mean()),
+            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(l)}
+                           for d, p, e, l in zip(depths, positions, exact.tolist(), nll.tolist())],
         }
         save()
         print(f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"

@@ -40,8 +40,12 @@ def test_every_registered_method_trains_one_step(method):
     torch.optim.SGD(params, lr=0.1).step()
     assert torch.isfinite(loss)
     assert any(not torch.equal(a, p) for a, p in zip(before, params))
-    hits = recipe.answer_hits(model, data, chunk=SEGMENT)  # streamed evaluation runs for every method too
-    assert hits.shape == (2, (data["labels"][0] != recipe.IGNORE).sum())
+    model.eval()
+    hits, nll = recipe.answer_hits(model, data, chunk=SEGMENT)  # streamed evaluation: the forward's answer loss
+    answer = data["labels"][0] != recipe.IGNORE
+    assert hits.shape == (2, answer.sum())
+    with torch.no_grad():
+        assert torch.allclose(nll.mean(), model(**data).loss, atol=1e-4)
 
 
 def test_method_options_pass_through_and_override_the_recipe():
@@ -113,4 +117,10 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
     assert row["samples"] == 3 and not row["trained"] and row["tokens"] == 3 * 64
     assert [s["depth"] for s in row["per_sample"]] == [0.0, 0.5, 1.0]
     assert row["correct"] == sum(s["exact"] for s in row["per_sample"])
-    assert (tmp_path / "adapter").is_dir() and saved["provenance"]["git_commit"]
+    assert saved["provenance"]["git_commit"]
+    # --init-from reloads the trained backbone, tokenizer and adapter: with no further step, the same answers
+    again = recipe.main(["--init-from", str(tmp_path), "--max-steps", "0", "--levels", "2", "--eval-segments", "3",
+                         "--eval-samples", "3", "--eval-size", "2", "--output", str(tmp_path / "again")])
+    for n in ("2", "3"):
+        assert again["accuracy"][n]["answer_nll"] == pytest.approx(report["accuracy"][n]["answer_nll"], abs=1e-5)
+    assert again["steps"] == 0
