@@ -16,7 +16,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from common import RESULTS, ROOT, pyplot, write_result
+from common import ROOT, pyplot, write_result
 
 NAME = "longcontext_train_tiny"
 
@@ -81,9 +81,10 @@ def readme_section(data: dict) -> str:
     lines = []
     for name, run in runs.items():
         p = run["provenance"]
+        evaluation = sum(r["seconds"] for r in run["accuracy"].values()) / 60
         lines.append(f"- `{name}`: `{run['command']}` (commit `{(p.get('git_commit') or '?')[:10]}`, {p['device']}, "
                      f"{p['machine']}): {run['steps']} steps to {run['last_level_trained']} segments in "
-                     f"{run['train_seconds'] / 60:.1f} min, evaluation {sum(r['seconds'] for r in run['accuracy'].values()) / 60:.1f} min")
+                     f"{run['train_seconds'] / 60:.1f} min, evaluation {evaluation:.1f} min")
     lengths = sorted({int(n) for run in runs.values() for n in run["accuracy"]})
     lines += ["", "| segments | tokens | " + " | ".join(runs) + " |", "|---|---|" + "---|" * len(runs)]
     for n in lengths:

@@ -55,7 +55,8 @@ from hmt_adapters.training import add_lora
 IGNORE = -100
 
 
-def tiny_backbone(haystack: str, seed: int, layers: int = 2, width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def tiny_backbone(haystack: str, seed: int, layers: int = 2,
+                  width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A `layers`-layer Llama of width `width` from scratch and a byte-level BPE (vocabulary 512) trained on the
     haystack and the task templates (short prompts, so that short curriculum levels fit)."""
     tok = Tokenizer(models.BPE())
@@ -112,7 +113,8 @@ def build_model(base: torch.nn.Module, method: str, segment_length: int, max_seg
 
 
 def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
-    """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at least 1)."""
+    """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at
+    least 1)."""
     return max(1, min(batch_size, batch_tokens // length))
 
 
@@ -240,16 +242,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             base = add_lora(base)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seg = args.segment_length
+    longest = max(args.levels + args.eval_segments)
     if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
         model = ha.MemoryModel.from_pretrained(base, os.path.join(args.init_from, "adapter"), is_trainable=True)
         model.backbone.requires_grad_(not freeze)
+        if model.memory_config.segment_length != seg:
+            raise ValueError(f"--init-from {args.init_from} has segment_length {model.memory_config.segment_length}; "
+                             f"pass --segment-length {model.memory_config.segment_length}, not {seg}.")
     else:
-        model = build_model(base, args.method, seg, max(args.levels + args.eval_segments), options, freeze)
+        model = build_model(base, args.method, seg, longest, options, freeze)
     model.to(device).train()
     os.makedirs(args.output, exist_ok=True)
     report: dict[str, Any] = {"provenance": provenance(), "args": vars(args),
-                              "method_options": {**recipe_options(args.method, seg, max(args.levels + args.eval_segments)), **options},
-                              "history": [], "accuracy": {}}
+                              "method_options": {**recipe_options(args.method, seg, longest), **options},
+                              "memory_config": model.memory_config.to_dict(), "history": [], "accuracy": {}}
 
     def save() -> None:
         with open(os.path.join(args.output, "report.json"), "w") as fh:
@@ -271,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if stage and step % 2:  # revisit an earlier length (at random depths)
             n, depth = stages[int(torch.randint(0, stage, (1,), generator=rng))][0], None
         size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
-        data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, None if depth is None else [depth] * size)[0]
+        depths = None if depth is None else [depth] * size
+        data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, depths)[0]
         loss = model(**on(data)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -284,7 +291,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         history.append({"step": step, "segments": level, "depth": depth, "loss": loss.item(), "exact": exact,
                         "seconds": time.time() - start})
         save()
-        bar.set_description(f"{args.task} {level} segments{'' if depth is None else f' depth {depth}'} exact {exact:.2f}")
+        where = "" if depth is None else f" depth {depth}"
+        bar.set_description(f"{args.task} {level} segments{where} exact {exact:.2f}")
         passed = passed + 1 if exact >= args.advance_at else 0
         if stage < len(stages) - 1 and passed:
             stage, passed = stage + 1, 0
