@@ -221,8 +221,15 @@ def longcontext() -> str | None:
     return "\n\n".join(sections) if sections else None
 
 
+def longcontext_tiny() -> str | None:
+    from longcontext_train_tiny import NAME, readme_section
+
+    data = load(NAME)
+    return None if data is None or "runs" not in data else readme_section(data)
+
+
 SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
-            "longcontext": longcontext}
+            "longcontext": longcontext, "longcontext-tiny": longcontext_tiny}
 
 
 def record_demo(folder: str) -> None:

@@ -6,26 +6,41 @@ Each training sample is a suite task (`hmt_adapters.evaluation.tasks`, e.g. `pas
 moves to the next segment count once exact accuracy on a fixed batch reaches `--advance-at` (every other batch
 revisits an earlier length, as `hmt_adapters.tasks.recall.train_recall` does). Exact accuracy is teacher-forced
 argmax over the answer tokens, which equals greedy generation's exact match; evaluation streams the prompt with
-`MemoryModel.step`, so memory use is flat in the length.
+`MemoryModel.step`, so memory use is flat in the length. Each evaluated length has `--eval-samples` samples whose
+needles sit at depths evenly spread from the start (0) to the end (1) of the haystack.
 
-    # seconds-minutes on CPU: a tiny Llama trained from scratch (byte-level BPE trained on the filler), HMT
-    python examples/train_longcontext.py --model tiny --levels 2 4 8 16 --eval-segments 32 128 512 --output runs/lc-tiny
+`--method` is any registered method; the recipe sets a few of its options for the segment length (`recipe_options`)
+and `--method-option key=value` (repeatable) sets any config field of the method.
+
+    # CPU, one thread: a 2-layer width-128 Llama trained from scratch with RMT on a curriculum to 16 segments of 64
+    # tokens (3000 steps: 28 minutes here, where it reached 4 segments), then passkey at 2 to 16384 segments
+    # (1M tokens, 6 minutes), 8 needle depths per length
+    python examples/train_longcontext.py --threads 1 --output runs/lc-tiny-rmt
+    # the same with HMT (or any method: --method melodi, --method transformer_xl --method-option detach_memory=False)
+    python examples/train_longcontext.py --threads 1 --method hmt --output runs/lc-tiny-hmt
     # SmolLM2-135M + LoRA, the acceptance run (GPU): train to 16 segments of 256, test to 512 segments (131k tokens)
-    python examples/train_longcontext.py --model smollm2 --lora --haystack essays --segment-length 256 \
+    python examples/train_longcontext.py --model smollm2 --lora --method hmt --haystack essays --segment-length 256 \
         --levels 2 4 8 16 --max-steps 3000 --eval-segments 16 32 128 512 --output runs/lc-smollm2
     python benchmarks/longcontext.py --adapters hmt=runs/lc-smollm2/adapter --tasks passkey niah_single \
         --lengths 4k 8k 16k 32k 128k 1M --samples 20
 
-Writes the adapter to `<output>/adapter` and `<output>/report.json` (curriculum history, accuracy per length).
+Writes the adapter to `<output>/adapter` once training ends (for `--model tiny` also the trained backbone and its
+tokenizer to `<output>/backbone`; `--init-from <output>` continues from them) and `<output>/report.json`
+(provenance, arguments, curriculum history, accuracy per length) after every evaluation, so a cut-off run keeps what
+it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import platform
 import random
+import subprocess
 import time
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -40,9 +55,10 @@ from hmt_adapters.training import add_lora
 IGNORE = -100
 
 
-def tiny_backbone(haystack: str, seed: int) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
-    """A 4-layer width-128 Llama from scratch and a byte-level BPE (vocabulary 512) trained on the haystack and the
-    task templates (short prompts, so that short curriculum levels fit)."""
+def tiny_backbone(haystack: str, seed: int, layers: int = 2,
+                  width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """A `layers`-layer Llama of width `width` from scratch and a byte-level BPE (vocabulary 512) trained on the
+    haystack and the task templates (short prompts, so that short curriculum levels fit)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -52,64 +68,170 @@ def tiny_backbone(haystack: str, seed: int) -> tuple[torch.nn.Module, PreTrained
                  "The special magic number for mentioned in the provided text is", " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
     tok.train_from_iterator([haystack_text(haystack)[:200_000]] + templates * 50, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config), tokenizer
 
 
-def batch(task: str, tokenizer, length: int, size: int, seed: int, haystack: str) -> dict[str, torch.Tensor]:
-    """`size` samples of `length` prompt tokens with the answer appended; labels only on the answer tokens."""
-    rows, labels = [], []
+def recipe_options(method: str, segment_length: int, max_segments: int) -> dict[str, Any]:
+    """The recipe's settings of `method` for this segment length and longest run (what `--method-option` overrides):
+    HMT keeps every segment of the longest run in its retrieval window, RMT uses 8 memory tokens."""
+    if method == "hmt":
+        return {"sensory_length": max(4, segment_length // 8), "memory_window": max_segments, "retrieval_dim": 64}
+    if method == "rmt":
+        return {"num_memory_tokens": 8}
+    return {}
+
+
+def parse_method_options(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` strings as keyword arguments; values are Python literals (`8`, `0.5`, `False`, `[1, 2]`) or else
+    kept as strings."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--method-option takes key=value, got {pair!r}.")
+        try:
+            options[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key.strip()] = value
+    return options
+
+
+def build_model(base: torch.nn.Module, method: str, segment_length: int, max_segments: int,
+                options: dict[str, Any] | None = None, freeze_backbone: bool = False) -> ha.MemoryModel:
+    """`base` wrapped with any registered `method`: the recipe's settings for it, updated by `options`."""
+    if method not in ha.available_methods():
+        raise ValueError(f"Unknown --method {method!r}; choose one of {ha.available_methods()}.")
+    options = dict(options or {})
+    if "segment_length" in options:
+        raise ValueError("Set the segment length with --segment-length, not --method-option segment_length=...")
+    kwargs = {**recipe_options(method, segment_length, max_segments), **options}
+    return ha.wrap_with_memory(base, method, segment_length=segment_length, freeze_backbone=freeze_backbone, **kwargs)
+
+
+def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
+    """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at
+    least 1)."""
+    return max(1, min(batch_size, batch_tokens // length))
+
+
+def depth_or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
+def eval_depths(samples: int) -> list[float]:
+    """`samples` needle depths evenly spread over the haystack, start (0) and end (1) included; 0.5 for one."""
+    if samples < 1:
+        raise ValueError(f"Need at least one evaluation sample, got {samples}.")
+    return [0.5] if samples == 1 else [i / (samples - 1) for i in range(samples)]
+
+
+def batch(task: str, tokenizer, length: int, size: int, seed: int, haystack: str,
+          depths: list[float] | None = None) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """`size` samples of `length` prompt tokens with the answer appended, labels only on the answer tokens (needles
+    at `depths`, else at random depths); and each sample's needle position in tokens."""
+    if depths is not None and len(depths) != size:
+        raise ValueError(f"{len(depths)} depths given for {size} samples.")
+    rows, labels, positions = [], [], []
     for i in range(size):
-        sample = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack)
+        depth = {} if depths is None else {"depth": depths[i]}
+        sample = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack, **depth)
         answer = tokenizer(" " + sample.answers[0], add_special_tokens=False)["input_ids"]
         rows.append(sample.input_ids + answer)
         labels.append([IGNORE] * len(sample.input_ids) + answer)
-    return {"input_ids": torch.tensor(rows), "labels": torch.tensor(labels)}
+        positions.append(sample.inserts[0].position)
+    return {"input_ids": torch.tensor(rows), "labels": torch.tensor(labels)}, positions
 
 
 @torch.no_grad()
-def exact_accuracy(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int) -> float:
-    """Teacher-forced exact match of the answer tokens, the prompt streamed `chunk` tokens at a time."""
+def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int,
+                progress: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced argmax == answer per sample and answer token (`[batch, answer tokens]`), and each sample's
+    answer NLL in nats per token (`[batch]`); the prompt streamed `chunk` tokens at a time (a token progress bar
+    titled `progress` if given)."""
     was = model.training
     model.eval()
     ids, labels = data["input_ids"], data["labels"]
     answer_from = int((labels[0] != IGNORE).nonzero()[0])  # same prompt length in a batch
     state, logits = None, []
+    bar = tqdm(total=ids.shape[1], desc=progress, unit="tok", unit_scale=True, leave=False, disable=progress is None)
     for start in range(0, ids.shape[1], chunk):
         out, state = model.step(ids[:, start : start + chunk], state)
         lo, hi = max(start, answer_from - 1), min(start + chunk, ids.shape[1] - 1)
         if lo < hi:
             logits.append(out.logits[:, lo - start : hi - start])
+        bar.update(min(chunk, ids.shape[1] - start))
+    bar.close()
     model.train(was)
-    predicted = torch.cat(logits, dim=1).argmax(-1)
-    return float((predicted == ids[:, answer_from:]).all(-1).float().mean())
+    logits, answer = torch.cat(logits, dim=1).float(), ids[:, answer_from:]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), answer, reduction="none").mean(-1)
+    return logits.argmax(-1) == answer, nll
 
 
-def main() -> None:
+def exact_accuracy(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int) -> float:
+    """Share of samples whose whole answer is right."""
+    return float(answer_hits(model, data, chunk)[0].all(-1).float().mean())
+
+
+def provenance() -> dict[str, Any]:
+    """Commit, device and software of the run."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root)
+    return {"git_commit": git.stdout.strip() or None,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
+            "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
-    p.add_argument("--method", default="hmt", choices=["hmt", "rmt"])
+    p.add_argument("--layers", type=int, default=2, help="tiny model: layers")
+    p.add_argument("--width", type=int, default=128, help="tiny model: hidden size")
+    p.add_argument("--method", default="rmt", choices=ha.available_methods())
+    p.add_argument("--method-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config field of the method (repeatable), e.g. num_memory_tokens=16 or detach_memory=False")
     p.add_argument("--task", default="passkey", choices=["passkey", "niah_single"])
     p.add_argument("--haystack", default="repeat", choices=["repeat", "essays", "kjv"])
     p.add_argument("--segment-length", type=int, default=64)
     p.add_argument("--levels", type=int, nargs="+", default=[2, 4, 8, 16], help="curriculum: segments per sample")
-    p.add_argument("--eval-segments", type=int, nargs="+", default=[32, 128, 512], help="lengths never trained on")
-    p.add_argument("--max-steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--eval-size", type=int, default=32)
+    p.add_argument("--eval-segments", type=int, nargs="+", default=[64, 256, 1024, 16384],
+                   help="lengths never trained on (16384 segments of 64 tokens = 1M tokens)")
+    p.add_argument("--eval-samples", type=int, default=8, help="samples per evaluated length (needle depths 0 to 1)")
+    p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-tokens", type=int, default=4096,
+                   help="at most this many tokens per training batch: longer levels take fewer samples")
+    p.add_argument("--warmup-depth", type=depth_or_none, default=0.0,
+                   help="a first stage at the first level with every needle at this depth ('none': no such stage)")
+    p.add_argument("--eval-size", type=int, default=32, help="fixed batch that decides the curriculum")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--advance-at", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--init-from", metavar="FOLDER",
+                   help="continue from a previous run's --output (its adapter; for --model tiny also its backbone)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="runs/longcontext")
-    args = p.parse_args()
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    options = parse_method_options(args.method_option)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     random.seed(args.seed)
-    if args.model == "tiny":
-        base, tokenizer = tiny_backbone(args.haystack, args.seed)
+    if args.model == "tiny" and args.init_from:  # a previous tiny run's trained backbone and tokenizer
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(args.init_from, "backbone"))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(args.init_from, "backbone"))
+        freeze = False
+    elif args.model == "tiny":
+        base, tokenizer = tiny_backbone(args.haystack, args.seed, args.layers, args.width)
         freeze = False  # trained from scratch: the backbone learns the task with the memory
     else:
         from hmt_adapters.backbones import smollm2
@@ -120,52 +242,91 @@ def main() -> None:
             base = add_lora(base)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seg = args.segment_length
-    if args.method == "hmt":
-        model = ha.wrap_with_memory(base, "hmt", segment_length=seg, sensory_length=max(4, seg // 8),
-                                    memory_window=max(args.levels + args.eval_segments), retrieval_dim=64,
-                                    freeze_backbone=freeze)
+    longest = max(args.levels + args.eval_segments)
+    if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
+        model = ha.MemoryModel.from_pretrained(base, os.path.join(args.init_from, "adapter"), is_trainable=True)
+        model.backbone.requires_grad_(not freeze)
+        if model.memory_config.segment_length != seg:
+            raise ValueError(f"--init-from {args.init_from} has segment_length {model.memory_config.segment_length}; "
+                             f"pass --segment-length {model.memory_config.segment_length}, not {seg}.")
     else:
-        model = ha.wrap_with_memory(base, "rmt", segment_length=seg, num_memory_tokens=8, freeze_backbone=freeze)
+        model = build_model(base, args.method, seg, longest, options, freeze)
     model.to(device).train()
+    os.makedirs(args.output, exist_ok=True)
+    report: dict[str, Any] = {"provenance": provenance(), "args": vars(args),
+                              "method_options": {**recipe_options(args.method, seg, longest), **options},
+                              "memory_config": model.memory_config.to_dict(), "history": [], "accuracy": {}}
+
+    def save() -> None:
+        with open(os.path.join(args.output, "report.json"), "w") as fh:
+            json.dump(report, fh, indent=2)
+
     params = [q for q in model.parameters() if q.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     rng = torch.Generator().manual_seed(args.seed)
-    fixed = {n: batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack) for n in args.levels}
-    history, stage, passed, start = [], 0, 0, time.time()
+    on = lambda data: {k: v.to(device) for k, v in data.items()}  # noqa: E731
+    stages = [(n, None) for n in args.levels]
+    if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
+        stages.insert(0, (args.levels[0], args.warmup_depth))
+    fixed = {(n, d): batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack,
+                           None if d is None else [d] * args.eval_size)[0] for n, d in stages}
+    history, stage, passed, start = report["history"], 0, 0, time.time()
     bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
-        n = args.levels[stage]
-        if stage and step % 2:
-            n = args.levels[int(torch.randint(0, stage, (1,), generator=rng))]
-        data = {k: v.to(device) for k, v in batch(args.task, tokenizer, n * seg, args.batch_size, step, args.haystack).items()}
-        loss = model(**data).loss
+        n, depth = stages[stage]
+        if stage and step % 2:  # revisit an earlier length (at random depths)
+            n, depth = stages[int(torch.randint(0, stage, (1,), generator=rng))][0], None
+        size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
+        depths = None if depth is None else [depth] * size
+        data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, depths)[0]
+        loss = model(**on(data)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if step % args.eval_every:
             continue
-        level = args.levels[stage]
-        exact = exact_accuracy(model, {k: v.to(device) for k, v in fixed[level].items()}, 32 * seg)
-        history.append({"step": step, "segments": level, "loss": loss.item(), "exact": exact, "seconds": time.time() - start})
-        bar.set_description(f"{args.task} {level} segments exact {exact:.2f}")
+        level, depth = stages[stage]
+        exact = exact_accuracy(model, on(fixed[stages[stage]]), 32 * seg)
+        history.append({"step": step, "segments": level, "depth": depth, "loss": loss.item(), "exact": exact,
+                        "seconds": time.time() - start})
+        save()
+        where = "" if depth is None else f" depth {depth}"
+        bar.set_description(f"{args.task} {level} segments{where} exact {exact:.2f}")
         passed = passed + 1 if exact >= args.advance_at else 0
-        if stage < len(args.levels) - 1 and passed:
+        if stage < len(stages) - 1 and passed:
             stage, passed = stage + 1, 0
         elif passed == 2:
             break
-    results = {}
-    for n in tqdm(sorted(set(args.levels + args.eval_segments)), desc="generalisation"):
-        data = batch(args.task, tokenizer, n * seg, min(args.eval_size, 8 if n > 128 else args.eval_size), 2 * 10**6 + n, args.haystack)
-        results[str(n)] = {"tokens": n * seg, "exact": exact_accuracy(model, {k: v.to(device) for k, v in data.items()}, 32 * seg),
-                           "trained": n <= args.levels[stage], "samples": data["input_ids"].shape[0]}
-        print(f"{n:5d} segments ({n * seg:7d} tokens)  exact {results[str(n)]['exact']:.3f}"
-              f"{'' if results[str(n)]['trained'] else '  (never trained)'}", flush=True)
-    os.makedirs(args.output, exist_ok=True)
+    bar.close()
+    report.update(last_level_trained=stages[stage][0], steps=history[-1]["step"] if history else 0,
+                  train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))
-    with open(os.path.join(args.output, "report.json"), "w") as fh:
-        json.dump({"args": vars(args), "last_level_trained": args.levels[stage], "history": history,
-                   "accuracy": results, "train_seconds": time.time() - start}, fh, indent=2)
+    if not freeze:  # the adapter files hold the memory weights only; a backbone trained from scratch goes beside them
+        model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
+        tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
+    save()
+    depths = eval_depths(args.eval_samples)
+    for n in sorted(set(args.levels + args.eval_segments)):
+        begin = time.time()
+        data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
+        hits, nll = answer_hits(model, on(data), 32 * seg, progress=f"eval {n} segments ({n * seg} tokens)")
+        hits, nll = hits.cpu(), nll.cpu()
+        exact = hits.all(-1)
+        report["accuracy"][str(n)] = {
+            "segments": n, "tokens": n * seg, "exact": float(exact.float().mean()), "correct": int(exact.sum()),
+            "samples": len(depths), "answer_token_accuracy": float(hits.float().mean()),
+            "trained": n <= stages[stage][0], "seconds": time.time() - begin,
+            "answer_nll": float(nll.mean()),
+            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(l)}
+                           for d, p, e, l in zip(depths, positions, exact.tolist(), nll.tolist())],
+        }
+        save()
+        print(f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"
+              f"{'' if n <= stages[stage][0] else '  (never trained)'}", flush=True)
+    report["total_seconds"] = time.time() - start
+    save()
+    return report
 
 
 if __name__ == "__main__":

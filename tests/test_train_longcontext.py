@@ -1,0 +1,126 @@
+"""`examples/train_longcontext.py`: every registered method trains through the recipe, its options pass through,
+bad names fail clearly, and evaluation samples put the needle at the depths asked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from longcontext_tiny import tiny_llama, tiny_tokenizer
+
+import hmt_adapters as ha
+from hmt_adapters.evaluation import load_haystack
+from hmt_adapters.evaluation.tasks import PASSKEY_HEAD
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_longcontext.py"
+spec = importlib.util.spec_from_file_location("train_longcontext", SCRIPT)
+recipe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(recipe)
+
+SEGMENT = 32
+SMALL = {"elastic": {"hippo_order": 16}}  # its default (540 Legendre coefficients, as many memory tokens) is slow here
+
+
+def passkey_batch(size: int = 2, segments: int = 6, depths: list[float] | None = None):
+    return recipe.batch("passkey", tiny_tokenizer(), segments * SEGMENT, size, 1, "repeat", depths)
+
+
+@pytest.mark.parametrize("method", ha.available_methods())
+def test_every_registered_method_trains_one_step(method):
+    model = recipe.build_model(tiny_llama(len(tiny_tokenizer())), method, SEGMENT, 6, SMALL.get(method))
+    assert model.memory_config.method_name == method and model.memory_config.segment_length == SEGMENT
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    data, _ = passkey_batch()
+    loss = model(**data).loss
+    loss.backward()
+    torch.optim.SGD(params, lr=0.1).step()
+    assert torch.isfinite(loss)
+    assert any(not torch.equal(a, p) for a, p in zip(before, params))
+    model.eval()
+    hits, nll = recipe.answer_hits(model, data, chunk=SEGMENT)  # streamed evaluation: the forward's answer loss
+    answer = data["labels"][0] != recipe.IGNORE
+    assert hits.shape == (2, answer.sum())
+    with torch.no_grad():
+        assert torch.allclose(nll.mean(), model(**data).loss, atol=1e-4)
+
+
+def test_method_options_pass_through_and_override_the_recipe():
+    base = tiny_llama(len(tiny_tokenizer()))
+    model = recipe.build_model(base, "rmt", SEGMENT, 4, recipe.parse_method_options(["num_memory_tokens=3"]))
+    assert model.memory_config.num_memory_tokens == 3  # the recipe's 8, overridden
+    hmt = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "hmt", SEGMENT, 1024)
+    assert hmt.memory_config.memory_window == 1024  # the recipe keeps every segment of the longest run retrievable
+    xl = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "transformer_xl", SEGMENT, 4,
+                            recipe.parse_method_options(["detach_memory=False", "memory_size=64"]))
+    assert xl.memory_config.detach_memory is False and xl.memory_config.memory_size == 64
+
+
+def test_parse_method_options_reads_literals_and_rejects_malformed_pairs():
+    options = recipe.parse_method_options(["a=8", "b=0.5", "c=False", "d=[1, 2]", "e=mean", "f=None"])
+    assert options == {"a": 8, "b": 0.5, "c": False, "d": [1, 2], "e": "mean", "f": None}
+    with pytest.raises(ValueError, match="key=value.*'num_memory_tokens'"):
+        recipe.parse_method_options(["num_memory_tokens"])
+
+
+def test_unknown_method_or_field_errors_name_the_allowed_ones(capsys):
+    base = tiny_llama(len(tiny_tokenizer()))
+    with pytest.raises(ValueError, match=r"Unknown --method 'nope'.*'rmt'"):
+        recipe.build_model(base, "nope", SEGMENT, 4)
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--method", "nope"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nope'" in err and all(m in err for m in ha.available_methods())
+    with pytest.raises(ValueError, match=r"Unknown field\(s\) \['nope'\].*num_memory_tokens"):
+        recipe.build_model(base, "rmt", SEGMENT, 4, {"nope": 1})
+    with pytest.raises(ValueError, match="--segment-length"):
+        recipe.build_model(base, "rmt", SEGMENT, 4, {"segment_length": 8})
+
+
+def test_eval_samples_put_the_needle_at_the_depths_asked():
+    assert recipe.eval_depths(5) == [0.0, 0.25, 0.5, 0.75, 1.0] and recipe.eval_depths(1) == [0.5]
+    with pytest.raises(ValueError, match="at least one"):
+        recipe.eval_depths(0)
+    tok = tiny_tokenizer()
+    length = 16 * SEGMENT
+    data, positions = recipe.batch("passkey", tok, length, 5, 3, "repeat", recipe.eval_depths(5))
+    head = len(tok(PASSKEY_HEAD, add_special_tokens=False)["input_ids"])
+    needle = len(tok(" The pass key is 12345. Remember it.", add_special_tokens=False)["input_ids"])
+    question = len(tok("\nWhat is the pass key? The pass key is", add_special_tokens=False)["input_ids"])
+    filler = length - head - needle - question
+    sentence = max(len(p) for p in load_haystack("repeat", tok).pieces)
+    for depth, position in zip(recipe.eval_depths(5), positions):
+        assert abs(position - head - depth * filler) <= sentence
+    assert positions[0] == head and positions[-1] == length - question - needle  # both ends of the haystack
+    labels = data["labels"]
+    assert (labels[:, :length] == recipe.IGNORE).all() and (labels[:, length:] == data["input_ids"][:, length:]).all()
+
+
+def test_train_batch_size_caps_tokens_per_step():
+    assert recipe.train_batch_size(32, 4096, 128) == 32
+    assert recipe.train_batch_size(32, 4096, 1024) == 4
+    assert recipe.train_batch_size(32, 4096, 8192) == 1
+
+
+def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
+    report = recipe.main(["--width", "32", "--max-steps", "2", "--eval-every", "1", "--levels", "2",
+                          "--eval-segments", "3", "--batch-size", "2", "--eval-size", "2", "--eval-samples", "3",
+                          "--method", "rmt", "--method-option", "num_memory_tokens=2", "--output", str(tmp_path)])
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["accuracy"] == json.loads(json.dumps(report["accuracy"]))
+    assert saved["method_options"] == {"num_memory_tokens": 2}
+    assert [h["depth"] for h in saved["history"]] == [0.0, 0.0]  # the depth-0 stage until it passes
+    row = saved["accuracy"]["3"]
+    assert row["samples"] == 3 and not row["trained"] and row["tokens"] == 3 * 64
+    assert [s["depth"] for s in row["per_sample"]] == [0.0, 0.5, 1.0]
+    assert row["correct"] == sum(s["exact"] for s in row["per_sample"])
+    assert saved["provenance"]["git_commit"]
+    # --init-from reloads the trained backbone, tokenizer and adapter: with no further step, the same answers
+    again = recipe.main(["--init-from", str(tmp_path), "--max-steps", "0", "--levels", "2", "--eval-segments", "3",
+                         "--eval-samples", "3", "--eval-size", "2", "--output", str(tmp_path / "again")])
+    for n in ("2", "3"):
+        assert again["accuracy"][n]["answer_nll"] == pytest.approx(report["accuracy"][n]["answer_nll"], abs=1e-5)
+    assert again["steps"] == 0
