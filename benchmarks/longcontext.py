@@ -179,6 +179,14 @@ def readme_section(data: dict, name: str = "longcontext") -> str:
                 f"{cells[str(c)]['accuracy']:.2f} ({cells[str(c)]['samples']})" if str(c) in cells else "not run"
                 for c in lengths) + " |")
         lines.append("")
+    seconds = seconds_per_prompt(data["rows"])
+    if seconds:
+        lengths = sorted({int(c) for v in seconds.values() for c in v})
+        lines += ["**Seconds per prompt** (mean over the task samples above, this run's machine and load):", "",
+                  "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+        lines += [f"| `{r}` | " + " | ".join(f"{seconds[r][str(c)]:.1f}" if str(c) in seconds[r] else "not run"
+                                            for c in lengths) + " |" for r in data["readers"] if r in seconds]
+        lines.append("")
     if data.get("book", {}).get("ppl"):
         book = data["book"]
         lengths = list(next(iter(book["ppl"].values())))
@@ -194,6 +202,15 @@ def readme_section(data: dict, name: str = "longcontext") -> str:
         lines.append("")
     lines.append(f"![long-context accuracy](benchmarks/results/{name}.png)")
     return "\n".join(lines)
+
+
+def seconds_per_prompt(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """{reader: {length: mean seconds to answer one prompt}} over the rows that ran."""
+    times: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        if row.get("seconds") is not None:
+            times.setdefault(row["reader"], {}).setdefault(str(row["length"]), []).append(row["seconds"])
+    return {r: {c: sum(v) / len(v) for c, v in by_length.items()} for r, by_length in times.items()}
 
 
 def store_size(config: dict) -> str:
