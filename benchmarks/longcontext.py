@@ -183,7 +183,8 @@ def readme_section(data: dict, name: str = "longcontext") -> str:
     if seconds:
         lengths = sorted({int(c) for v in seconds.values() for c in v})
         lines += ["**Seconds per prompt** (mean over the task samples above, this run's machine and load):", "",
-                  "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+                  "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |",
+                  "|---" * (len(lengths) + 1) + "|"]
         lines += [f"| `{r}` | " + " | ".join(f"{seconds[r][str(c)]:.1f}" if str(c) in seconds[r] else "not run"
                                             for c in lengths) + " |" for r in data["readers"] if r in seconds]
         lines.append("")

@@ -1,5 +1,6 @@
-"""Zero-shot readers (`benchmarks/longcontext.py --methods`): every registered method wraps the bare backbone untrained,
-shares its weights, answers a prompt, records its store; unknown names and policies are refused, naming the options."""
+"""Zero-shot readers (`benchmarks/longcontext.py --methods`): every registered method wraps the bare backbone
+untrained, shares its weights, answers a prompt, records its store; unknown names and policies are refused, naming
+the options."""
 
 from __future__ import annotations
 
@@ -53,12 +54,14 @@ def test_transformer_xl_with_a_store_covering_the_prompt_is_full_attention():
     (preset,), info = zero_shot_readers(base, ["transformer_xl"], segment_length=32)  # one past segment only
     assert info["transformer_xl (zero-shot)"]["config"]["memory_size"] is None
     assert (token_nll(preset.model, ids) - full).abs().max() > 1e-3
-    assert Reader("plain", base).generate(ids.tolist(), 3, tok.eos_token_id) == xl.generate(ids.tolist(), 3, tok.eos_token_id)
+    prompt = ids.tolist()
+    assert Reader("plain", base).generate(prompt, 3, tok.eos_token_id) == xl.generate(prompt, 3, tok.eos_token_id)
 
 
 def test_memory_policies_per_method_and_bad_values_name_the_options():
     methods = ["transformer_xl", "trams"]
-    assert memory_policies(["cover", "transformer_xl=preset"], methods) == {"transformer_xl": "preset", "trams": "cover"}
+    mixed = memory_policies(["cover", "transformer_xl=preset"], methods)
+    assert mixed == {"transformer_xl": "preset", "trams": "cover"}
     assert memory_policies([], methods) == {"transformer_xl": "preset", "trams": "preset"}
     with pytest.raises(ValueError, match=r"'huge'.*allowed: \['preset', 'cover'\]"):
         memory_policies(["huge"], methods)
