@@ -8,10 +8,14 @@ Readers (every table has all of them):
   tokens): a plain sliding window of the memory model's width (the question is at the end of every prompt);
 - `backbone_full`: full attention over the whole prompt past the context (RoPE beyond its trained positions), run
   where it fits (`--full-max` tokens);
-- one per adapter (`--adapters name=path`), the `MemoryModel` reading the whole prompt through its memory.
+- one per adapter (`--adapters name=path`), the `MemoryModel` reading the whole prompt through its memory;
+- one per method (`--methods m1 m2 ...`), `<method> (zero-shot)`: the bare backbone wrapped with that method,
+  untrained, at `--segment-length` tokens per segment (see `hmt_adapters.evaluation.zero_shot`); `--memory preset`
+  keeps each method's default store, `--memory cover` sizes it to hold the longest prompt.
 
     python benchmarks/longcontext.py --model smollm2 --adapters hmt=examples/adapters/smollm2-hmt \
-        --tasks passkey niah_single --lengths 4k 8k 16k --samples 3
+        --tasks passkey niah_single --lengths 4k 8k 16k --samples 3 \
+        --methods transformer_xl memorizing_transformer trams unimix elastic melodi rmt hmt --memory cover
 
 Writes `benchmarks/results/longcontext.json` (every sample: task, reader, query, needle positions, length, prediction,
 score; commit and device) after every (task, length), and `longcontext.png` (accuracy against length per reader).
@@ -35,6 +39,7 @@ import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, accuracy_table, answer_rows, book_perplexity, make_samples  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone, write_lm_eval_tasks  # noqa: E402
+from hmt_adapters.evaluation.zero_shot import SEGMENT_LENGTH, memory_policies, zero_shot_readers  # noqa: E402
 
 DEFAULT_ADAPTERS = ["hmt=examples/adapters/smollm2-hmt"]
 
@@ -52,6 +57,7 @@ def parse_length(text: str) -> int:
 
 
 def readers(args: argparse.Namespace) -> tuple[list[Reader], dict]:
+    policies = memory_policies(args.memory, args.methods)  # bad words fail before the backbone loads
     base, tokenizer = load_backbone(args.model)
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
@@ -64,10 +70,14 @@ def readers(args: argparse.Namespace) -> tuple[list[Reader], dict]:
     if args.full_max > context:
         out.append(Reader("backbone_full", base, max_length=args.full_max))
     out += [Reader(name, model) for name, model in models.items()]
+    zero_shot, zero_shot_info = zero_shot_readers(base, args.methods, segment_length=args.segment_length,
+                                                  memory=policies, cover=max(args.lengths))
+    out += zero_shot
     info = {
         "model": args.model, "context": context, "window": window, "full_max": args.full_max, "tokenizer": tokenizer,
         "adapters": {n: {"path": p, "method": models[n].method, "config": models[n].memory_config.to_dict()}
                      for n, p in adapters.items()},
+        "zero_shot": {"memory": " ".join(args.memory), "cover": max(args.lengths), "readers": zero_shot_info},
     }
     return out, info
 
@@ -87,10 +97,18 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (separate from `main` so tests can check what it accepts)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="'smollm2' (offline SmolLM2-135M) or a causal LM path")
     p.add_argument("--adapters", nargs="*", default=DEFAULT_ADAPTERS, help="name=path pairs of saved adapters")
+    p.add_argument("--methods", nargs="*", default=[], choices=ha.available_methods(), metavar="METHOD",
+                   help=f"memory methods run zero-shot (untrained) on the bare backbone, one reader each: "
+                        f"{' '.join(ha.available_methods())}")
+    p.add_argument("--segment-length", type=int, default=SEGMENT_LENGTH, help="the zero-shot readers' segment")
+    p.add_argument("--memory", nargs="+", default=["cover"], metavar="POLICY",
+                   help="zero-shot stores: 'preset' (each method's default size) or 'cover' (sized to hold the "
+                        "longest prompt), for all methods or per method as method=policy")
     p.add_argument("--tasks", nargs="+", default=["passkey", "niah_single"], choices=sorted(TASKS))
     p.add_argument("--lengths", nargs="+", type=parse_length, default=[4096, 8192, 16384])
     p.add_argument("--samples", type=int, default=3, help="samples per (task, length); single needles spread 0..1 deep")
@@ -105,7 +123,11 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--name", default="longcontext", help="results file name")
     p.add_argument("--lm-eval-tasks", default=None, help="also write the samples as lm-eval tasks into this folder")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     all_readers, info = readers(args)
     tokenizer = info.pop("tokenizer")
@@ -157,6 +179,15 @@ def readme_section(data: dict, name: str = "longcontext") -> str:
                 f"{cells[str(c)]['accuracy']:.2f} ({cells[str(c)]['samples']})" if str(c) in cells else "not run"
                 for c in lengths) + " |")
         lines.append("")
+    seconds = seconds_per_prompt(data["rows"])
+    if seconds:
+        lengths = sorted({int(c) for v in seconds.values() for c in v})
+        lines += ["**Seconds per prompt** (mean over the task samples above, this run's machine and load):", "",
+                  "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |",
+                  "|---" * (len(lengths) + 1) + "|"]
+        lines += [f"| `{r}` | " + " | ".join(f"{seconds[r][str(c)]:.1f}" if str(c) in seconds[r] else "not run"
+                                            for c in lengths) + " |" for r in data["readers"] if r in seconds]
+        lines.append("")
     if data.get("book", {}).get("ppl"):
         book = data["book"]
         lengths = list(next(iter(book["ppl"].values())))
@@ -164,8 +195,31 @@ def readme_section(data: dict, name: str = "longcontext") -> str:
                   "| reader | " + " | ".join(lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
         lines += [f"| `{r}` | " + " | ".join(f"{v[c]['bin']:.2f}" for c in lengths) + " |" for r, v in book["ppl"].items()]
         lines.append("")
+    zero_shot = data.get("zero_shot", {}).get("readers", {})
+    if zero_shot:
+        lines += [f"Zero-shot readers (untrained, `--memory {data['zero_shot']['memory']}`):", ""]
+        lines += [f"- `{reader}`: {z['memory']} store, {store_size(z['config'])}; {z['untrained']}."
+                  for reader, z in zero_shot.items()]
+        lines.append("")
     lines.append(f"![long-context accuracy](benchmarks/results/{name}.png)")
     return "\n".join(lines)
+
+
+def seconds_per_prompt(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """{reader: {length: mean seconds to answer one prompt}} over the rows that ran."""
+    times: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        if row.get("seconds") is not None:
+            times.setdefault(row["reader"], {}).setdefault(str(row["length"]), []).append(row["seconds"])
+    return {r: {c: sum(v) / len(v) for c, v in by_length.items()} for r, by_length in times.items()}
+
+
+def store_size(config: dict) -> str:
+    """A zero-shot reader's segment and memory size, in the words of its config's fields."""
+    keys = ("memory_size", "select_size", "memory_window", "long_term_windows", "hippo_order", "num_memory_tokens",
+            "sensory_length")
+    sizes = ", ".join(f"{k} {config[k]}" for k in keys if config.get(k) is not None)
+    return f"segment {config['segment_length']}" + (f", {sizes}" if sizes else "")
 
 
 if __name__ == "__main__":

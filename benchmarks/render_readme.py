@@ -216,7 +216,9 @@ def support_matrix() -> str | None:
 def longcontext() -> str | None:
     from longcontext import readme_section
 
-    runs = {name: load(name) for name in ("longcontext", "longcontext_niah_qa", "longcontext_more")}
+    names = ("longcontext_methods_passkey", "longcontext_methods_niah", "longcontext", "longcontext_niah_qa",
+             "longcontext_more")
+    runs = {name: load(name) for name in names}
     sections = [readme_section(data, name) for name, data in runs.items() if data is not None]
     return "\n\n".join(sections) if sections else None
 

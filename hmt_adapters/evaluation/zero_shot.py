@@ -1,0 +1,115 @@
+"""Zero-shot memory readers: the bare backbone wrapped with a memory method and no training, so every method gets a
+row in the long-context tables even where no adapter was trained for it (issue 16).
+
+The attention-level methods read the backbone's own keys/values and can retrieve without training; the input-level
+ones (and every learned part of the others) start from their untrained initialisation, which `ZERO_SHOT_NOTES`
+states per method and the results record.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from torch import nn
+
+from ..config import MemoryConfig
+from ..methods.unimem.config import PRESETS as UNIMEM_PRESETS
+from ..model import MemoryModel, wrap_with_memory
+from ..registry import available_methods, get_method
+from .runner import Reader
+
+SEGMENT_LENGTH = 256  # the shipped SmolLM2 adapter's segment: zero-shot rows read with the same window
+MEMORY_SIZES = ("preset", "cover")
+
+# What an untrained instance of each method does to the backbone (from each method's __init__ and config defaults).
+ZERO_SHOT_NOTES = {
+    "transformer_xl": "no trainable parameters: every layer joins the stored past keys/values to its own "
+                      "(one softmax, true RoPE distances)",
+    "memorizing_transformer": "no trainable parameters (combine='joint', no gate): the middle and last layer read the "
+                              "top 32 stored keys by q.k, at position 0",
+    "trams": "no trainable parameters: every layer attends to a query-independent selection from the pool (newest 3/4 "
+             "kept, the rest by the key-norm metric)",
+    "unimix": "window + 4 global + top-4 stored keys in the upper half (no trainable parameters there), plus 40 RMT "
+              "memory tokens at the input that start as random embeddings and carry untrained hidden states",
+    "elastic": "no trainable parameters: the layer at 3/4 depth reads 540 HiPPO-LegS reconstructions of all past "
+               "pre-RoPE keys/values",
+    "melodi": "untrained: 64 random summary embeddings per segment (identity mixers), long-term store of 32 "
+              "average-pooled middle-layer states per segment read through a gate at sigmoid = 0.1",
+    "rmt": "untrained: one random memory embedding, then the last layer's output fed back as an input embedding; "
+           "nothing in it was trained to hold a fact, so in effect a one-segment window",
+    "hmt": "untrained: random memory/summary embeddings and random retrieval projections; the memory embedding is an "
+           "untrained last-layer state, so in effect a window of one segment + 32 sensory tokens",
+}
+
+
+def zero_shot_fields(method: str, segment_length: int = SEGMENT_LENGTH, memory: str = "preset",
+                     cover: int | None = None) -> dict[str, Any]:
+    """Config fields of `method`'s zero-shot reader: `segment_length`, and with `memory='cover'` a store sized to
+    hold `cover` past tokens (K/V methods: `memory_size`; HMT/MELODI: enough cached segments); `'preset'` keeps
+    the method's defaults. Elastic (HiPPO over all history) and RMT have no store size."""
+    get_method(method)  # a ValueError naming the registered methods
+    if memory not in MEMORY_SIZES:
+        raise ValueError(f"Unknown memory size policy {memory!r}; allowed: {list(MEMORY_SIZES)}.")
+    fields: dict[str, Any] = {"segment_length": segment_length}
+    if memory == "preset":
+        return fields
+    if cover is None or cover < 1:
+        raise ValueError(f"memory='cover' needs `cover` (tokens the store must hold) >= 1, got {cover!r}.")
+    segments = math.ceil(cover / segment_length)
+    if method in UNIMEM_PRESETS:
+        fields["memory_size"] = cover
+        if method == "trams":  # attend to the preset's share of a pool of 8 segments, not half of the whole document
+            fields["select_size"] = 4 * segment_length
+    elif method == "hmt":
+        fields["memory_window"] = max(segments, 300)
+    elif method == "melodi":
+        fields["long_term_windows"] = max(segments, 128)
+    return fields
+
+
+def zero_shot_model(base: nn.Module, method: str, **fields: Any) -> MemoryModel:
+    """`base` wrapped with an untrained `method` (`zero_shot_fields`); the wrapper holds its own module tree but
+    shares the backbone's weights, so many readers of one backbone cost one copy of its parameters."""
+    fields = zero_shot_fields(method, **fields)
+    shared = {id(t): t for t in (*base.parameters(), *base.buffers())}
+    return wrap_with_memory(copy.deepcopy(base, memo=shared), method, **fields).eval()
+
+
+def memory_policies(words: list[str], methods: list[str]) -> dict[str, str]:
+    """`["cover", "transformer_xl=preset"]` -> each method's store policy: the bare word is the default (`preset`
+    if none), `method=policy` overrides one method; a bad word or a method not run is an error naming the options."""
+    default, per_method = "preset", {}
+    for word in words:
+        method, _, policy = word.rpartition("=")
+        if policy not in MEMORY_SIZES:
+            raise ValueError(f"Unknown memory size policy {policy!r} in {word!r}; allowed: {list(MEMORY_SIZES)}.")
+        if not method:
+            default = policy
+        elif method not in methods:
+            raise ValueError(f"{word!r} names method {method!r}, which is not among the methods run: {methods}.")
+        else:
+            per_method[method] = policy
+    return {m: per_method.get(m, default) for m in methods}
+
+
+def zero_shot_readers(base: nn.Module, methods: list[str], segment_length: int = SEGMENT_LENGTH,
+                      memory: str | dict[str, str] = "preset", cover: int | None = None
+                      ) -> tuple[list[Reader], dict[str, Any]]:
+    """One `Reader` named `<method> (zero-shot)` per method (`memory`: one store policy for all, or one per method),
+    and what each one ran (config, store policy, untrained parts) for the results; refuses an unknown method name,
+    naming the registered ones, before building any."""
+    unknown = [m for m in methods if m not in available_methods()]
+    if unknown:
+        raise ValueError(f"Unknown memory method(s) {unknown}; available methods: {available_methods()}.")
+    policies = memory if isinstance(memory, dict) else dict.fromkeys(methods, memory)
+    readers, info = [], {}
+    for method in methods:
+        model = zero_shot_model(base, method, segment_length=segment_length, memory=policies[method], cover=cover)
+        name = f"{method} (zero-shot)"
+        readers.append(Reader(name, model))
+        config: MemoryConfig = model.memory_config
+        info[name] = {"method": method, "memory": policies[method], "config": config.to_dict(),
+                      "untrained": ZERO_SHOT_NOTES[method]}
+    return readers, info

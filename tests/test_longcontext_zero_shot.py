@@ -1,0 +1,106 @@
+"""Zero-shot readers (`benchmarks/longcontext.py --methods`): every registered method wraps the bare backbone
+untrained, shares its weights, answers a prompt, records its store; unknown names and policies are refused, naming
+the options."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from longcontext_tiny import tiny_llama, tiny_tokenizer
+
+import hmt_adapters as ha
+from hmt_adapters.evaluation import Reader, accuracy_table, answer_rows, make_samples
+from hmt_adapters.evaluation.zero_shot import ZERO_SHOT_NOTES, memory_policies, zero_shot_fields, zero_shot_readers
+from hmt_adapters.training import token_nll
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_every_method_builds_a_zero_shot_reader_that_answers():
+    tok = tiny_tokenizer()
+    base = tiny_llama(len(tok))
+    samples = make_samples("passkey", tok, 160, 1, haystack="repeat")
+    methods = ha.available_methods()
+    assert set(ZERO_SHOT_NOTES) == set(methods)  # a note for every registered method: no row without its init
+    readers, info = zero_shot_readers(base, methods, segment_length=32, memory="cover", cover=160)
+    assert [r.name for r in readers] == [f"{m} (zero-shot)" for m in methods]
+    weights = {p.data_ptr() for p in base.parameters()}
+    for reader in readers:  # own module tree, the backbone's own weights
+        assert isinstance(reader.model, ha.MemoryModel) and reader.model.base_model is not base
+        assert {p.data_ptr() for p in reader.model.base_model.parameters()} == weights
+    rows = answer_rows(readers, samples, tok, progress=False)
+    assert [r["reader"] for r in rows] == [r.name for r in readers]
+    assert all(isinstance(r["prediction"], str) and r["score"] in (0.0, 1.0) for r in rows)
+    assert info["memorizing_transformer (zero-shot)"]["config"]["memory_size"] == 160
+    assert info["hmt (zero-shot)"]["config"]["memory_window"] == 300  # the preset already covers 160 / 32 segments
+    assert info["trams (zero-shot)"]["config"]["select_size"] == 4 * 32
+    assert all(i["memory"] == "cover" and i["untrained"] for i in info.values())
+
+
+def test_transformer_xl_with_a_store_covering_the_prompt_is_full_attention():
+    """Zero-shot XL reads the backbone's own keys/values at their true distances: with the whole prompt in its store it
+    scores every token as the bare backbone does over the whole prompt (the wrapper changes nothing else)."""
+    tok = tiny_tokenizer()
+    base = tiny_llama(len(tok))
+    ids = torch.tensor(make_samples("passkey", tok, 192, 1, haystack="repeat")[0].input_ids)
+    (xl,), _ = zero_shot_readers(base, ["transformer_xl"], segment_length=32, memory="cover", cover=192)
+    with torch.no_grad():
+        logits = base(input_ids=ids[None]).logits[0]
+    full = torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")
+    torch.testing.assert_close(token_nll(xl.model, ids), full, rtol=1e-4, atol=1e-4)
+    (preset,), info = zero_shot_readers(base, ["transformer_xl"], segment_length=32)  # one past segment only
+    assert info["transformer_xl (zero-shot)"]["config"]["memory_size"] is None
+    assert (token_nll(preset.model, ids) - full).abs().max() > 1e-3
+    prompt = ids.tolist()
+    assert Reader("plain", base).generate(prompt, 3, tok.eos_token_id) == xl.generate(prompt, 3, tok.eos_token_id)
+
+
+def test_memory_policies_per_method_and_bad_values_name_the_options():
+    methods = ["transformer_xl", "trams"]
+    mixed = memory_policies(["cover", "transformer_xl=preset"], methods)
+    assert mixed == {"transformer_xl": "preset", "trams": "cover"}
+    assert memory_policies([], methods) == {"transformer_xl": "preset", "trams": "preset"}
+    with pytest.raises(ValueError, match=r"'huge'.*allowed: \['preset', 'cover'\]"):
+        memory_policies(["huge"], methods)
+    with pytest.raises(ValueError, match="'rmt', which is not among the methods run"):
+        memory_policies(["rmt=cover"], methods)
+    with pytest.raises(ValueError, match="needs `cover`"):
+        zero_shot_fields("trams", memory="cover")
+    with pytest.raises(ValueError, match=r"Unknown memory method 'xl'; available methods: \[.*'transformer_xl'"):
+        zero_shot_fields("xl")
+    tok = tiny_tokenizer()
+    with pytest.raises(ValueError, match=r"Unknown memory method\(s\) \['xl'\]; available methods: \[.*'hmt'"):
+        zero_shot_readers(tiny_llama(len(tok)), ["hmt", "xl"])
+
+
+def test_benchmark_command_line_refuses_an_unknown_method_naming_the_allowed_ones(capsys):
+    from longcontext import build_parser
+
+    args = build_parser().parse_args(["--methods", "hmt", "trams", "--memory", "cover", "trams=preset"])
+    assert args.methods == ["hmt", "trams"] and args.memory == ["cover", "trams=preset"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--methods", "xl"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'xl'" in err and all(m in err for m in ha.available_methods())
+
+
+def test_readme_section_lists_every_reader_its_store_and_seconds_per_prompt():
+    from longcontext import readme_section
+
+    tok = tiny_tokenizer()
+    readers, info = zero_shot_readers(tiny_llama(len(tok)), ["memorizing_transformer", "rmt"], segment_length=32,
+                                      memory="cover", cover=160)
+    rows = answer_rows(readers, make_samples("passkey", tok, 160, 2, haystack="repeat"), tok, progress=False)
+    rows[0]["seconds"], rows[2]["seconds"] = 1.0, 3.0  # memorizing's two samples: mean 2.0
+    data = {"command": "benchmarks/longcontext.py --methods memorizing_transformer rmt", "context": 4096, "window": 32,
+            "readers": [r.name for r in readers], "rows": rows, "table": accuracy_table(rows),
+            "zero_shot": {"memory": "cover", "readers": info}}
+    text = readme_section(data, "x")
+    accuracy = data["table"]["passkey"]["rmt (zero-shot)"]["160"]["accuracy"]
+    assert f"| `rmt (zero-shot)` | {accuracy:.2f} (2) |" in text
+    assert "| `memorizing_transformer (zero-shot)` | 2.0 |" in text
+    assert "- `memorizing_transformer (zero-shot)`: cover store, segment 32, memory_size 160;" in text
+    assert "- `rmt (zero-shot)`: cover store, segment 32, num_memory_tokens 1; untrained:" in text
