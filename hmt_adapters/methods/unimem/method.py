@@ -83,7 +83,8 @@ class UniMem(MemoryMethod):
     def prepare(self, segment: Segment, state: State, plan) -> Layout:
         layout = Layout() if self.tokens is None else self.tokens.layout(state, self.memory_init, segment.mask)
         positions = self.settings.positions
-        frame = SegmentFrame(state["pos"], state["valid"], state["seen"], layout.prefix_length, positions)
+        filled = int(state["valid"].sum(1).max())
+        frame = SegmentFrame(state["pos"], state["valid"], state["seen"], layout.prefix_length, positions, filled)
         layout.attention = AttentionContext(
             reads={i: self._attend(i, state, frame) for i in self.layers},
             record_layers=frozenset(self.layers),

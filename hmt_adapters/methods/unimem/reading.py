@@ -30,6 +30,7 @@ class SegmentFrame:
     seen: torch.Tensor  # [B] real tokens before this segment
     prefix: int  # window slot of the segment's first token (input-level memory tokens come before it)
     scheme: str  # "original", "compact" or "pos0"
+    filled: int  # slots that hold an entry in at least one row (the last ones of the store)
 
     def query_positions(self, call: AttentionCall) -> torch.Tensor:
         """Stream positions `[B, q]` of the call's queries, from their window positions: read tokens count as the
@@ -93,9 +94,12 @@ def scaling_of(call: AttentionCall) -> float:
 def read_all(
     k: torch.Tensor, v: torch.Tensor, frame: SegmentFrame, call: AttentionCall, context: AttentionContext
 ) -> MemoryRead:
-    """Every valid entry (Transformer-XL)."""
-    k = rotate_at(context, k, frame.key_positions(frame.pos), call.query)
-    return MemoryRead(k, v, frame.valid[:, None, None, :])
+    """Every valid entry (Transformer-XL). Slots no row has filled yet are left out, so a store sized for a whole
+    document costs what its filled part costs (entries are right-aligned: the filled slots are the last ones)."""
+    filled = max(frame.filled, 1)
+    k, v, pos, valid = k[:, :, -filled:], v[:, :, -filled:], frame.pos[:, -filled:], frame.valid[:, -filled:]
+    k = rotate_at(context, k, frame.key_positions(pos), call.query)
+    return MemoryRead(k, v, valid[:, None, None, :])
 
 
 def read_union(
