@@ -21,6 +21,7 @@ TASKS = {
     "support-matrix": ("support_matrix.py", "the family x method matrix of tests/test_families.py, for the README"),
     "lower-bounds": ("lower_bounds.py", "a fresh venv at every dependency's floor, smoke tests and demo smoke"),
     "longcontext": ("longcontext.py", "passkey, RULER, BABILong-style QA, book ppl: adapters vs the backbone, 4k-1M"),
+    "real-text": ("real_text.py", "a tiny Llama from scratch per method on real long text: ppl by position vs sliding window"),
     "readme": ("render_readme.py", "render the README's result tables from benchmarks/results/"),
 }
 
