@@ -70,7 +70,7 @@ RUNS: dict[str, tuple[str | None, dict, str]] = {
     "sliding_window": (None, {}, f"bare backbone, causal sliding window of {L} tokens (MistralConfig.sliding_window)"),
     "full_attention": (None, {}, f"bare backbone, full attention over the {WINDOW}-token training window"),
     "rmt": ("rmt", {}, "RMT, the method's default: 1 memory token"),
-    "hmt": ("hmt", {}, "HMT defaults: 32 sensory tokens, 32 summary tokens (L/2), 300 cached memory embeddings"),
+    "hmt": ("hmt", {}, "HMT defaults: 32 sensory tokens, retrieval query from the last 32 tokens (L/2), 300 cached memory embeddings"),
     "transformer_xl": ("transformer_xl", {}, f"XL preset: memory of one segment ({L} keys), all layers"),
     "trams": ("trams", {"select_size": L},
               f"TRAMS preset pool M = 8L = {8 * L}, attends m = {L} (XL's memory: equal attended keys), 3/4 newest"),
@@ -78,7 +78,7 @@ RUNS: dict[str, tuple[str | None, dict, str]] = {
                                f"preset: 10L = {10 * L} keys in layers 2 and 3, top-32 per query, keys at position 0"),
     "elastic": ("elastic", {"hippo_order": 10 * L, "memory_layers": [2, 3]},
                 f"HiPPO order {10 * L} in layers 2 and 3 (Memorizing's memory: equal memory), {10 * L} memory tokens"),
-    "melodi": ("melodi", {}, "defaults: 16 short-term (L/4), 8 long-term per window (L/8) x 128 windows, middle layer"),
+    "melodi": ("melodi", {}, "defaults: 16 summary/short-term tokens (L/4) in every layer, 8 long-term per window (L/8) x 128 windows in layer 2"),
     "unimix": ("unimix", {}, f"preset: 10L = {10 * L} keys, window L + 4 global + top-4, 40 RMT tokens, layers 2-3"),
     "sliding_window_seed1": (None, {}, "sliding_window with another initialisation seed (the noise of a row)"),
 }
