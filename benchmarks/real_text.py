@@ -15,8 +15,9 @@ sliding window of `SEGMENT` tokens, the width every memory model attends within 
 weights; `full_attention` is the bare Llama over the whole training window.
 
 Evaluation: each held-out document from its start, up to `EVAL_TOKENS` tokens; per-token NLL streamed through the
-memory model one segment at a time (`token_nll`), through the sliding-window model in windows that give every token
-exactly its `SEGMENT`-token window, and through `full_attention` with its training length as context (windows of
+memory model one segment at a time (`token_nll`), through the sliding-window model in windows of `WINDOW` tokens
+every `WINDOW // 2` (more context than a token's receptive field through the layers, 4 x 63 + 1 tokens: the same
+logits as one forward over the whole document), and through `full_attention` with its training length as context (windows of
 `WINDOW` tokens every `WINDOW // 2`; it never sees a position past its training length, and also once over the whole
 document, positions past `WINDOW` unseen in training: `whole_document`). Perplexity per position bucket of the
 predicted token (`BUCKETS`), per document and pooled.
@@ -67,7 +68,7 @@ BACKBONE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num
 L = SEGMENT
 # run -> (method or None, overrides at 64-token segments, what the row is). Memory sizes are per memory layer.
 RUNS: dict[str, tuple[str | None, dict, str]] = {
-    "sliding_window": (None, {}, f"bare backbone, causal sliding window of {L} tokens (MistralConfig.sliding_window)"),
+    "sliding_window": (None, {}, f"bare backbone, causal sliding window of {L} tokens in every layer (MistralConfig.sliding_window)"),
     "full_attention": (None, {}, f"bare backbone, full attention over the {WINDOW}-token training window"),
     "rmt": ("rmt", {}, "RMT, the method's default: 1 memory token"),
     "hmt": ("hmt", {}, "HMT defaults: 32 sensory tokens, retrieval query from the last 32 tokens (L/2), 300 cached memory embeddings"),
@@ -214,8 +215,11 @@ def document_nll(name: str, model: torch.nn.Module, ids: torch.Tensor) -> dict[s
     """Per-token NLL `[T - 1]` of one document (target i is token i + 1) as the run reads it (module docstring)."""
     if isinstance(model, ha.MemoryModel):
         return {"nll": token_nll(model, ids)}
-    if name.startswith("sliding_window"):
-        return {"nll": sliding_window_nll(model, ids, window=2 * SEGMENT, stride=SEGMENT)}
+    if name.startswith("sliding_window"):  # each chunk holds more than the receptive field of the tokens it scores
+        config = model.config
+        receptive = config.num_hidden_layers * (config.sliding_window - 1) + 1
+        assert WINDOW // 2 >= receptive, (WINDOW, receptive)
+        return {"nll": sliding_window_nll(model, ids, window=WINDOW, stride=WINDOW // 2)}
     whole = torch.nn.functional.cross_entropy(model(input_ids=ids[None]).logits[0, :-1].float(), ids[1:],
                                               reduction="none")
     return {"nll": sliding_window_nll(model, ids, window=WINDOW, stride=WINDOW // 2), "whole_document": whole}
