@@ -17,10 +17,10 @@ weights; `full_attention` is the bare Llama over the whole training window.
 Evaluation: each held-out document from its start, up to `EVAL_TOKENS` tokens; per-token NLL streamed through the
 memory model one segment at a time (`token_nll`), through the sliding-window model in windows of `WINDOW` tokens
 every `WINDOW // 2` (more context than a token's receptive field through the layers, 4 x 63 + 1 tokens: the same
-logits as one forward over the whole document), and through `full_attention` with its training length as context (windows of
-`WINDOW` tokens every `WINDOW // 2`; it never sees a position past its training length, and also once over the whole
-document, positions past `WINDOW` unseen in training: `whole_document`). Perplexity per position bucket of the
-predicted token (`BUCKETS`), per document and pooled.
+logits as one forward over the whole document), and through `full_attention` with its training length as context
+(windows of `WINDOW` tokens every `WINDOW // 2`: it never sees a position past its training length), and also once
+over the whole document, positions past `WINDOW` unseen in training (`whole_document`). Perplexity per position
+bucket of the predicted token (`BUCKETS`), per document and pooled.
 
     python benchmarks/real_text.py [--runs sliding_window hmt ...] [--steps 200] [--batch 4] [--update]
         [--name real_text] [--threads 1]
@@ -68,10 +68,12 @@ BACKBONE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num
 L = SEGMENT
 # run -> (method or None, overrides at 64-token segments, what the row is). Memory sizes are per memory layer.
 RUNS: dict[str, tuple[str | None, dict, str]] = {
-    "sliding_window": (None, {}, f"bare backbone, causal sliding window of {L} tokens in every layer (MistralConfig.sliding_window)"),
+    "sliding_window": (None, {}, f"bare backbone, causal sliding window of {L} tokens in every layer "
+                       "(MistralConfig.sliding_window)"),
     "full_attention": (None, {}, f"bare backbone, full attention over the {WINDOW}-token training window"),
     "rmt": ("rmt", {}, "RMT, the method's default: 1 memory token"),
-    "hmt": ("hmt", {}, "HMT defaults: 32 sensory tokens, retrieval query from the last 32 tokens (L/2), 300 cached memory embeddings"),
+    "hmt": ("hmt", {}, "HMT defaults: 32 sensory tokens, retrieval query from the last 32 tokens (L/2), "
+            "300 cached memory embeddings"),
     "transformer_xl": ("transformer_xl", {}, f"XL preset: memory of one segment ({L} keys), all layers"),
     "trams": ("trams", {"select_size": L},
               f"TRAMS preset pool M = 8L = {8 * L}, attends m = {L} (XL's memory: equal attended keys), 3/4 newest"),
@@ -79,7 +81,8 @@ RUNS: dict[str, tuple[str | None, dict, str]] = {
                                f"preset: 10L = {10 * L} keys in layers 2 and 3, top-32 per query, keys at position 0"),
     "elastic": ("elastic", {"hippo_order": 10 * L, "memory_layers": [2, 3]},
                 f"HiPPO order {10 * L} in layers 2 and 3 (Memorizing's memory: equal memory), {10 * L} memory tokens"),
-    "melodi": ("melodi", {}, "defaults: 16 summary/short-term tokens (L/4) in every layer, 8 long-term per window (L/8) x 128 windows in layer 2"),
+    "melodi": ("melodi", {}, "defaults: 16 summary/short-term tokens (L/4) in every layer, 8 long-term per window "
+               "(L/8) x 128 windows in layer 2"),
     "unimix": ("unimix", {}, f"preset: 10L = {10 * L} keys, window L + 4 global + top-4, 40 RMT tokens, layers 2-3"),
     "sliding_window_seed1": (None, {}, "sliding_window with another initialisation seed (the noise of a row)"),
 }
@@ -271,7 +274,8 @@ def prepare(seed: int) -> tuple[PreTrainedTokenizerFast, list[list[int]], dict[s
     tokenizer = train_tokenizer([text for _, _, text in split["train"]])
     eos = tokenizer.eos_token_id
     train_ids = [row + [eos] for row in tokenizer([t for _, _, t in split["train"]])["input_ids"]]
-    held_out = {f"{c}/{t}": torch.tensor(tokenizer(text)["input_ids"][:EVAL_TOKENS]) for c, t, text in split["held_out"]}
+    held_out = {f"{c}/{t}": torch.tensor(tokenizer(text)["input_ids"][:EVAL_TOKENS])
+                for c, t, text in split["held_out"]}
     facts = {
         "train_documents": {c: sum(1 for x in split["train"] if x[0] == c) for c in HELD_OUT},
         "train_tokens": sum(len(r) for r in train_ids),
@@ -357,24 +361,28 @@ def readme_section(data: dict) -> str:
         + ", ".join(f"{t} ({n} tokens)" for t, n in data["data"]["held_out"].items())
         + f", each read from its start; perplexity pooled over their tokens by position of the predicted token.",
         "",
-        "| run | parameters | memory floats | train s | ppl 0-512 | ppl 512-2048 | ppl 2048-8192 (late) | late vs sliding_window |",
+        "| run | parameters | memory floats | train s | ppl 0-512 | ppl 512-2048 | ppl 2048-8192 (late) "
+        "| late vs sliding_window |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in runs.items():
         p = row["ppl"]
         diff = f"{100 * (p[LATE] / base['ppl'][LATE] - 1):+.1f}%" if base and LATE in p else "-"
-        lines.append(f"| `{name}` | {row['parameters']:,} | {row['memory_floats'] or '-'} | {row['train_seconds']:.0f} | "
-                     + " | ".join(f"{p.get(b, float('nan')):.2f}" for b in ("0-512", "512-2048", LATE)) + f" | {diff} |")
+        cells = [f"{row['parameters']:,}", str(row["memory_floats"] or "-"), f"{row['train_seconds']:.0f}"]
+        cells += [f"{p.get(b, float('nan')):.2f}" for b in ("0-512", "512-2048", LATE)] + [diff]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     lines += ["", "Rows: " + "; ".join(f"`{n}`: {r['description']}" for n, r in runs.items()) + "."]
     if "full_attention" in runs and "whole_document" in runs["full_attention"]:
         w = runs["full_attention"]["whole_document"]["ppl"]
-        lines += ["", f"`full_attention` is evaluated with a {s['window']}-token context (its training length, windows "
+        lines += ["", f"`full_attention` is evaluated with a {s['window']}-token context (its training length, "
+                  "windows "
                   f"every {s['window'] // 2} tokens). Read over the whole document at once, its positions past "
                   f"{s['window']} were never trained: " + ", ".join(f"{b}: {v:.2f}" for b, v in w.items()) + "."]
     seeds = [runs[n]["ppl"][LATE] for n in ("sliding_window", "sliding_window_seed1") if n in runs]
     noise = abs(seeds[0] / seeds[1] - 1) if len(seeds) == 2 else None
     if noise is not None:
-        lines += ["", f"Noise: two initialisations of `sliding_window` differ by {100 * noise:.1f}% in late perplexity "
+        lines += ["", f"Noise: two initialisations of `sliding_window` differ by {100 * noise:.1f}% in late "
+                  "perplexity "
                   f"({seeds[0]:.2f} and {seeds[1]:.2f}); differences below that are not resolved here."]
     lines += ["", "The papers' orderings at this scale (late-position perplexity):", ""]
     for claim, better, other in ORDERINGS:

@@ -221,8 +221,15 @@ def longcontext() -> str | None:
     return "\n\n".join(sections) if sections else None
 
 
+def real_text() -> str | None:
+    from real_text import readme_section
+
+    data = load("real_text")
+    return None if data is None else readme_section(data)
+
+
 SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
-            "longcontext": longcontext}
+            "longcontext": longcontext, "real-text": real_text}
 
 
 def record_demo(folder: str) -> None:
