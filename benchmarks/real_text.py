@@ -353,8 +353,8 @@ def readme_section(data: dict) -> str:
     s, runs = data["settings"], data["runs"]
     base = runs.get("sliding_window")
     lines = [
-        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}` ({commit(data)}; "
-        f"{data.get('threads', 1)} torch thread under `nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
+        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}` ({commit(data)}, under "
+        "`nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
         f"{s['vocab']}, byte-level BPE trained on the training documents) from the same initialisation, "
         f"{s['training_tokens']:,} training tokens ({s['steps']} steps x {s['batch']} windows x {s['window']} tokens, "
         f"the same windows in the same order), segments of {s['segment_length']} tokens. Held out: "
@@ -371,6 +371,13 @@ def readme_section(data: dict) -> str:
         cells = [f"{row['parameters']:,}", str(row["memory_floats"] or "-"), f"{row['train_seconds']:.0f}"]
         cells += [f"{p.get(b, float('nan')):.2f}" for b in ("0-512", "512-2048", LATE)] + [diff]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    titles = list(data["data"]["held_out"])
+    lines += ["", "Late-position perplexity per held-out document:", "",
+              "| run | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
+    for name, row in runs.items():
+        docs = row["per_document"]
+        lines.append(f"| `{name}` | " + " | ".join(f"{docs[t][LATE]['ppl']:.2f}" if LATE in docs[t] else "-"
+                                                   for t in titles) + " |")
     lines += ["", "Rows: " + "; ".join(f"`{n}`: {r['description']}" for n, r in runs.items()) + "."]
     if "full_attention" in runs and "whole_document" in runs["full_attention"]:
         w = runs["full_attention"]["whole_document"]["ppl"]
