@@ -104,3 +104,22 @@ def test_sliding_window_evaluation_equals_one_forward_over_the_whole_document():
                                    atol=2e-5, rtol=1e-4)
     expected = torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")
     torch.testing.assert_close(rt.document_nll("sliding_window", windowed, ids)["nll"], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_readme_marks_each_ordering_with_its_two_numbers_and_the_noise():
+    def row(late: float) -> dict:
+        ppl = {"0-512": 300.0, "512-2048": 290.0, rt.LATE: late}
+        return {"ppl": ppl, "per_document": {"d": {rt.LATE: {"ppl": late}}}, "parameters": 1, "memory_floats": None,
+                "train_seconds": 1.0, "description": "x"}
+
+    late = {"sliding_window": 100.0, "sliding_window_seed1": 102.0, "hmt": 90.0, "rmt": 95.0, "trams": 101.0,
+            "transformer_xl": 101.0, "elastic": 110.0, "memorizing_transformer": 100.0}
+    runs = {name: row(value) for name, value in late.items()}
+    data = {"settings": rt.settings(2, 2, 0), "data": {"held_out": {"d": 10}}, "runs": runs, "provenance": {}}
+    text = rt.readme_section(data)
+    assert "| `hmt` | 1 | - | 1 | 300.00 | 290.00 | 90.00 | -10.0% |" in text
+    assert "differ by 2.0%" in text
+    assert "`hmt` 90.00 vs `rmt` 95.00: **reproduced**" in text  # 5% apart: outside the 2% noise
+    assert "`trams` 101.00 vs `transformer_xl` 101.00: **reproduced (within noise)**" in text  # <= holds at equality
+    assert "`elastic` 110.00 vs `memorizing_transformer` 100.00: **not reproduced**" in text
+    assert "UniMix" not in text  # orderings without both runs are left out
