@@ -230,8 +230,15 @@ def longcontext_tiny() -> str | None:
     return None if data is None or "runs" not in data else readme_section(data)
 
 
+def real_text() -> str | None:
+    from real_text import readme_section
+
+    data = load("real_text")
+    return None if data is None else readme_section(data)
+
+
 SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
-            "longcontext": longcontext, "longcontext-tiny": longcontext_tiny}
+            "longcontext": longcontext, "longcontext-tiny": longcontext_tiny, "real-text": real_text}
 
 
 def record_demo(folder: str) -> None:

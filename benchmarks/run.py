@@ -22,6 +22,7 @@ TASKS = {
     "lower-bounds": ("lower_bounds.py", "a fresh venv at every dependency's floor, smoke tests and demo smoke"),
     "longcontext": ("longcontext.py", "passkey, RULER, BABILong-style QA, book ppl: adapters vs the backbone, 4k-1M"),
     "longcontext-train-tiny": ("longcontext_train_tiny.py", "collect examples/train_longcontext.py runs: passkey to 1M tokens"),
+    "real-text": ("real_text.py", "a tiny Llama from scratch per method on real long text: ppl by position vs sliding window"),
     "readme": ("render_readme.py", "render the README's result tables from benchmarks/results/"),
 }
 
