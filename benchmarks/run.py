@@ -29,7 +29,8 @@ TASKS = {
 
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in TASKS:
-        lines = [f"  {name:18} {help}" for name, (_, help) in TASKS.items()]
+        width = max(map(len, TASKS))
+        lines = [f"  {name:{width}} {help}" for name, (_, help) in TASKS.items()]
         print("usage: python -m benchmarks.run TASK [options]\n\ntasks:\n" + "\n".join(lines))
         return 2
     script, _ = TASKS[sys.argv[1]]
