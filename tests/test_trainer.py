@@ -22,6 +22,10 @@ def hmt_model(family: str = "llama", **kw) -> ha.MemoryModel:
     return ha.wrap_with_memory(tiny_backbone(family), "hmt", **{**HMT, **kw})
 
 
+# transformers' current name for the switch (`gradient_checkpointing`, its older name, is now a deprecated alias)
+CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing") if n in TrainingArguments.__dataclass_fields__)
+
+
 def train(model: ha.MemoryModel, out, max_steps: int = 4, resume: str | None = None, **args) -> list[float]:
     data = Dataset.from_dict({"input_ids": random_ids(8, 24).tolist()})
     arguments = TrainingArguments(
@@ -61,13 +65,12 @@ def test_two_steps_resumed_for_two_more_equal_four_straight_steps(tmp_path):
 def test_trainer_gradient_checkpointing_switches_per_segment_checkpointing_and_offload(tmp_path):
     plain = train(hmt_model(), tmp_path / "a", max_steps=2)
     model = hmt_model()
-    checkpointed = train(model, tmp_path / "b", max_steps=2, gradient_checkpointing=True)
+    checkpointed = train(model, tmp_path / "b", max_steps=2, **{CHECKPOINTING: True})
     assert model.memory_config.gradient_checkpointing and model.is_activation_checkpointing
     assert not model.memory_config.offload_activations
     assert checkpointed == pytest.approx(plain, abs=1e-6)
     both = hmt_model()
-    offloaded = train(both, tmp_path / "c", max_steps=2, gradient_checkpointing=True,
-                      gradient_checkpointing_kwargs={"offload": True})
+    offloaded = train(both, tmp_path / "c", max_steps=2, **{CHECKPOINTING: True, f"{CHECKPOINTING}_kwargs": {"offload": True}})
     assert both.memory_config.gradient_checkpointing and both.memory_config.offload_activations
     assert offloaded == pytest.approx(plain, abs=1e-6)
     model.activation_checkpointing_disable()
