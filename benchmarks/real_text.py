@@ -346,14 +346,17 @@ def plot(result: dict, path: Path) -> None:
 # ---- README ------------------------------------------------------------------------------------------------------
 
 
-def readme_section(data: dict) -> str:
-    """The README table (late-position perplexity against the sliding window) and the papers' orderings."""
+def readme_section(data: dict, name: str = "real_text") -> str:
+    """The README table (late-position perplexity against the sliding window) and the papers' orderings, for the
+    results file `name`."""
     from render_readme import commit
 
     s, runs = data["settings"], data["runs"]
     base = runs.get("sliding_window")
+    options = ("" if list(runs) == list(RUNS) else " --runs " + " ".join(runs)) + (
+        "" if name == "real_text" else f" --name {name}")
     lines = [
-        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}` ({commit(data)}, under "
+        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}{options}` ({commit(data)}, under "
         "`nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
         f"{s['vocab']}, byte-level BPE trained on the training documents) from the same initialisation, "
         f"{s['training_tokens']:,} training tokens ({s['steps']} steps x {s['batch']} windows x {s['window']} tokens, "

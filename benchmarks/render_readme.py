@@ -231,10 +231,11 @@ def longcontext_tiny() -> str | None:
 
 
 def real_text() -> str | None:
+    """Every real-text run (`real_text.json`, then longer ones such as `real_text_800.json`), one after the other."""
     from real_text import readme_section
 
-    data = load("real_text")
-    return None if data is None else readme_section(data)
+    names = sorted((p.stem for p in RESULTS.glob("real_text*.json")), key=lambda n: (len(n), n))
+    return "\n\n".join(readme_section(load(n), n) for n in names) or None
 
 
 SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
