@@ -36,10 +36,10 @@ import argparse
 import ast
 import json
 import os
-import platform
 import random
-import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,6 +51,9 @@ import hmt_adapters as ha
 from hmt_adapters.evaluation import TASKS, tasks
 from hmt_adapters.evaluation.haystack import haystack_text
 from hmt_adapters.training import add_lora
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import provenance  # noqa: E402  (commit, device and software of the run, as every benchmark records)
 
 IGNORE = -100
 
@@ -174,16 +177,6 @@ def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int
 def exact_accuracy(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int) -> float:
     """Share of samples whose whole answer is right."""
     return float(answer_hits(model, data, chunk)[0].all(-1).float().mean())
-
-
-def provenance() -> dict[str, Any]:
-    """Commit, device and software of the run."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root)
-    return {"git_commit": git.stdout.strip() or None,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
-            "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
