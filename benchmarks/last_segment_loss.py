@@ -32,7 +32,7 @@ import time
 import torch
 
 from common import ROOT, in_fresh_process, write_result  # benchmarks/ is the script folder
-from training_memory import MB, SWITCHES, PeakRSS, add_model_args, build_model
+from training_memory import MB, SWITCHES, PeakRSS, add_model_args, answered_as_worker, build_model
 
 VARIANTS = ("every-token", "last-segment", "last-segment, previous code")
 MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size", "depth", "threads",
@@ -130,11 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.worker:
-        print(json.dumps(measure(args)))
+    if answered_as_worker(args, measure):
         return
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible to torch.")
     results = []
     with tempfile.TemporaryDirectory(prefix="hmt-previous-") as previous:
         export_previous(args.previous, previous)

@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -272,6 +273,17 @@ def plot(results: list[dict], key: str, depths: list[int], path: str, switches: 
     fig.savefig(path, dpi=120)
 
 
+def answered_as_worker(args: argparse.Namespace, measure: Callable[[argparse.Namespace], dict]) -> bool:
+    """In a `--worker` process, print `measure(args)` as the JSON line the parent reads and say so; in the parent,
+    refuse `--device cuda` without a CUDA device before any worker starts."""
+    if args.worker:
+        print(json.dumps(measure(args)))
+        return True
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible to torch.")
+    return False
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """The model, device and timing options every training-step benchmark takes (`MODEL_ARGS` passes them to workers)."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -301,11 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.worker:
-        print(json.dumps(measure(args)))
+    if answered_as_worker(args, measure):
         return
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible to torch.")
     depths = sorted(args.depths)
     switches = [s for s in SWITCHES if s in args.switches]
     results = []
