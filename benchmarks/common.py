@@ -117,6 +117,35 @@ def provenance() -> dict:
     }
 
 
+def previous_runs(name: str, settings_of: Callable[[dict], dict], current: dict) -> dict:
+    """The runs of `benchmarks/results/<name>.json`, each keeping its commit, for `--update` (`{}` when there is no
+    such file); an error when the file's settings (`settings_of(file)`) are not `current`."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    if settings_of(old) != current:
+        raise ValueError(f"{path} was run with other settings ({settings_of(old)}); use another --name.")
+    for row in old["runs"].values():
+        row.setdefault("commit", old["provenance"]["git_commit"])
+    return old["runs"]
+
+
+def train_bpe(texts: list[str], vocab_size: int) -> "PreTrainedTokenizerFast":
+    """A byte-level BPE with `vocab_size` entries (one of them `<|endoftext|>`) trained on `texts`, for tiny models
+    trained from scratch."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
 def write_result(name: str, payload: dict) -> Path:
     """`benchmarks/results/<name>.json` with provenance added."""
     path = RESULTS / f"{name}.json"

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -42,14 +41,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM, LlamaConfig, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
     get_cosine_schedule_with_warmup,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, pyplot, write_result  # noqa: E402
+from common import previous_runs, pyplot, train_bpe, write_result  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.data import austen_documents, kjv_documents  # noqa: E402
@@ -126,17 +124,6 @@ def documents() -> dict[str, list[tuple[str, str, str]]]:
         for title, text in docs:
             split["held_out" if title in HELD_OUT[corpus] else "train"].append((corpus, title, text))
     return split
-
-
-def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
-    """A byte-level BPE with `vocab_size` entries (one of them `<|endoftext|>`) trained on `texts`."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
 def training_windows(ids: Sequence[Sequence[int]], count: int, seed: int) -> torch.Tensor:
@@ -271,7 +258,7 @@ def evaluate(name: str, model: torch.nn.Module, held_out: dict[str, torch.Tensor
 def prepare(seed: int) -> tuple[PreTrainedTokenizerFast, list[list[int]], dict[str, torch.Tensor], dict]:
     """Tokenizer, tokenized training documents, held-out documents (first `EVAL_TOKENS` tokens) and data facts."""
     split = documents()
-    tokenizer = train_tokenizer([text for _, _, text in split["train"]])
+    tokenizer = train_bpe([text for _, _, text in split["train"]], VOCAB)
     eos = tokenizer.eos_token_id
     train_ids = [row + [eos] for row in tokenizer([t for _, _, t in split["train"]])["input_ids"]]
     held_out = {f"{c}/{t}": torch.tensor(tokenizer(text)["input_ids"][:EVAL_TOKENS])
@@ -291,23 +278,10 @@ def settings(steps: int, batch: int, seed: int) -> dict:
             "vocab": VOCAB, "backbone": BACKBONE}
 
 
-def load_previous(name: str, current: dict) -> dict:
-    """The runs of `benchmarks/results/<name>.json` (each keeping its commit); an error when its settings differ."""
-    path = RESULTS / f"{name}.json"
-    if not path.exists():
-        return {}
-    old = json.loads(path.read_text())
-    if old.get("settings") != current:
-        raise ValueError(f"{path} was run with other settings ({old.get('settings')}); use another --name.")
-    for row in old["runs"].values():
-        row.setdefault("commit", old["provenance"]["git_commit"])
-    return old["runs"]
-
-
 def run(names: list[str], steps: int, batch: int, seed: int, out_name: str, update: bool) -> dict:
     tokenizer, train_ids, held_out, facts = prepare(seed)
     config = settings(steps, batch, seed)
-    runs = load_previous(out_name, config) if update else {}
+    runs = previous_runs(out_name, lambda old: old.get("settings"), config) if update else {}
     windows = training_windows(train_ids, steps * batch, seed)
     result = {}
     for name in names:

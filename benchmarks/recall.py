@@ -24,7 +24,6 @@ is the stop-gradient run of docs/attention_memory.md.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, pyplot, write_result  # noqa: E402
+from common import previous_runs, pyplot, write_result  # noqa: E402
 from recall_probe import key_gradient, probe_elastic, probe_unimem  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
@@ -126,17 +125,9 @@ def probe_untrained(names: list[str], gaps: tuple[int, ...] = (0, 1, 8)) -> dict
 
 def merge(name: str, result: dict) -> dict:
     """`result` with the runs of `benchmarks/results/<name>.json` it did not redo (each row keeps its commit)."""
-    path = RESULTS / f"{name}.json"
-    if not path.exists():
-        return result
-    old = json.loads(path.read_text())
     keys = ("segment_length", "digits", "curriculum", "max_steps")
-    if any(old.get(k) != result[k] for k in keys):
-        settings = {k: old.get(k) for k in keys}
-        raise ValueError(f"{path} was run with other settings ({settings}); use another --name.")
-    for row in old["runs"].values():
-        row.setdefault("commit", old["provenance"]["git_commit"])
-    return {**result, "runs": {**old["runs"], **result["runs"]}}
+    old = previous_runs(name, lambda data: {k: data.get(k) for k in keys}, {k: result[k] for k in keys})
+    return {**result, "runs": {**old, **result["runs"]}}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
@@ -53,7 +52,7 @@ from hmt_adapters.evaluation.haystack import haystack_text
 from hmt_adapters.training import add_lora
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from common import provenance  # noqa: E402  (commit, device and software of the run, as every benchmark records)
+from common import provenance, train_bpe  # noqa: E402  (the run record and tokenizer every benchmark uses)
 
 IGNORE = -100
 
@@ -62,15 +61,9 @@ def tiny_backbone(haystack: str, seed: int, layers: int = 2,
                   width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A `layers`-layer Llama of width `width` from scratch and a byte-level BPE (vocabulary 512) trained on the
     haystack and the task templates (short prompts, so that short curriculum levels fit)."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     templates = [tasks.PASSKEY_HEAD, tasks.RULER_NIAH_HEAD, tasks.RULER_NEEDLE, "What is the pass key? The pass key is",
                  "The special magic number for mentioned in the provided text is", " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
-    tok.train_from_iterator([haystack_text(haystack)[:200_000]] + templates * 50, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    tokenizer = train_bpe([haystack_text(haystack)[:200_000]] + templates * 50, 512)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096)
