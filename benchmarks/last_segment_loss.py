@@ -32,7 +32,7 @@ import time
 import torch
 
 from common import ROOT, in_fresh_process, write_result  # benchmarks/ is the script folder
-from training_memory import MB, SWITCHES, PeakRSS, add_model_args, answered_as_worker, build_model
+from training_memory import MB, SWITCHES, PeakRSS, add_model_args, answered_as_worker, build_model, fastest_step
 
 VARIANTS = ("every-token", "last-segment", "last-segment, previous code")
 MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size", "depth", "threads",
@@ -78,16 +78,11 @@ def measure(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     with PeakRSS() as rss:
         result["loss"] = float(step(ids.shape[1]))
-    times = [time.perf_counter() - start]
+    first = time.perf_counter() - start
     result["peak_rss_growth_mb"] = rss.growth / MB
     if args.device == "cuda":
         result["cuda_peak_growth_mb"] = (torch.cuda.max_memory_allocated() - before) / MB
-    for _ in range(args.repeats - 1):
-        model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        step(ids.shape[1])
-        times.append(time.perf_counter() - start)
-    result["step_s"] = min(times)
+    result["step_s"] = fastest_step(args, model, lambda: step(ids.shape[1]), first)
     result["tokens_per_s"] = ids.numel() / result["step_s"]
     return result
 
