@@ -1,6 +1,6 @@
 """hmt-adapters: long-context memory (HMT, RMT, TRAMS, Elastic Memory, MELODI, UniMem) for any HF causal LM."""
 
-from . import methods  # noqa: F401  (registers every method)
+from . import compat, methods  # noqa: F401  (methods: registers every method)
 from .config import MemoryConfig
 from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig
@@ -30,3 +30,5 @@ __all__ = [
     "register_method",
     "wrap_with_memory",
 ]
+
+compat.warn_if_untested()

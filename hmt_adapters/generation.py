@@ -1,6 +1,6 @@
 """Generation with memory through transformers' own `generate`.
 
-`MemoryGenerationCache` is the `past_key_values` HF generate carries from step to step. It holds the memory state of
+`MemoryGenerationCache` is the cache (`past_key_values` before transformers 5.24) HF generate carries from step to step. It holds the memory state of
 the closed segments and the backbone's own cache of the open segment, so decoding reads one token per step inside
 the open segment; when a segment fills up it is folded into memory with the exact training-time segment step and a
 new segment opens. Prompts of any length are read segment by segment, a bounded number at a time, each row from its
@@ -97,7 +97,7 @@ class OpenSegment:
 
 
 class MemoryGenerationCache:
-    """Generation state (HF `past_key_values`): per group of rows, the memory of closed segments + the open segment's
+    """Generation state (HF generate's cache): per group of rows, the memory of closed segments + the open segment's
     backbone cache.
 
     A row's tokens are the ones the attention mask marks, so padded prompts are read from each row's first real token.
@@ -108,6 +108,8 @@ class MemoryGenerationCache:
 
     is_croppable = False  # HF generate capabilities: no rollback, no torch.compile of the decode step
     is_compileable = False
+    # Not a linear (state-space) cache: generate slices the prompt by `get_seq_length` (read from transformers 5.24 on).
+    is_linear = (False,)
 
     def __init__(self, model: "MemoryModel", state: MemoryState):
         self.model = model

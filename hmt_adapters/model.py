@@ -19,6 +19,7 @@ from transformers.models.auto.modeling_auto import (
 from . import adapter_io, checkpoint, hub
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, unwrap_causal_lm
+from .compat import CACHE_KWARG, cache_kwargs, one_cache
 from .config import MemoryConfig
 from .generation import MemoryGenerationCache, check_generation_options, padding_handled
 from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
@@ -121,21 +122,24 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         labels: torch.Tensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         return_logits: bool | None = None,
-        past_key_values: MemoryGenerationCache | None = None,
+        cache: MemoryGenerationCache | None = None,
         return_dict: bool = True,
+        past_key_values: MemoryGenerationCache | None = None,
     ) -> MemoryCausalLMOutput:
         """Read `input_ids` `[B, T]` (any T >= 1) segment by segment from an empty memory.
 
         `loss` is the causal-LM loss over the whole input (labels -100 ignored); the last position of segment n
         predicts the first token of segment n+1. `logits` `[B, T, V]` has one row per input token; `return_logits=None`
         keeps them except in a Trainer training step (train mode, gradients, labels and `num_items_in_batch`).
-        Inside `generate`, `past_key_values` is the generation cache: `input_ids` are then only the new tokens,
-        `attention_mask` covers the whole sequence, and `logits` hold the last position only.
+        Inside `generate`, `cache` is the generation cache (`past_key_values`, its name before transformers 5.24,
+        is accepted too): `input_ids` are then only the new tokens, `attention_mask` covers the whole sequence, and
+        `logits` hold the last position only.
         """
         if not return_dict:
             raise ValueError("MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
-        if past_key_values is not None:
-            return self._read_for_generation(input_ids, attention_mask, past_key_values)
+        cache = one_cache(cache, past_key_values)
+        if cache is not None:
+            return self._read_for_generation(input_ids, attention_mask, cache)
         ids, mask = self._check_inputs(input_ids, attention_mask)
         packing = Packing.of(mask)
         targets = None
@@ -273,16 +277,19 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         generates what it generates alone). Refused with a `ValueError`: assisted and prompt-lookup decoding,
         contrastive search, DoLa, group and constrained beam search, `cache_implementation`, hidden states and
         attentions in the output. `memory_state` continues from an earlier state (e.g. a document encoded once with
-        `step`). With `return_dict_in_generate=True`, `output.past_key_values.memory_state()` is the state after the
-        sequence.
+        `step`). With `return_dict_in_generate=True`, the output's generation cache (`output.cache`;
+        `output.past_key_values` before transformers 5.24) has `memory_state()`, the state after the sequence.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
         config, _ = self._prepare_generation_config(generation_config, **kwargs)
         check_generation_options(config, kwargs)
-        if config.use_cache and "past_key_values" not in kwargs:
+        given = one_cache(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
+        if given is not None:
+            kwargs.update(cache_kwargs(given))
+        elif config.use_cache:
             state = memory_state if memory_state is not None else self.init_memory(ids.shape[0], ids.device)
             self._check_state(state, ids.shape[0])
-            kwargs["past_key_values"] = MemoryGenerationCache(self, state)
+            kwargs.update(cache_kwargs(MemoryGenerationCache(self, state)))
         elif memory_state is not None:
             raise ValueError("`memory_state` needs the generation cache; do not pass `use_cache=False` with it.")
         with padding_handled():
@@ -292,7 +299,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None, **model_kwargs: Any
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
-        cache = model_kwargs.get("past_key_values")
+        cache = model_kwargs.get(CACHE_KWARG)
         input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
         if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
             cache.batch_repeat_interleave(expand_size)
@@ -301,8 +308,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.Tensor,
-        past_key_values: MemoryGenerationCache | None = None,
+        cache: MemoryGenerationCache | None = None,
         attention_mask: torch.Tensor | None = None,
+        past_key_values: MemoryGenerationCache | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Inputs for one generation step: the tokens the cache has not read (all of them without a cache).
@@ -310,17 +318,18 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         HF's own step arguments (`next_sequence_length`, `use_cache`, `cache_position`, output flags) do not apply:
         the cache knows what it has read, and memory models return logits only.
         """
-        if past_key_values is None:
+        cache = one_cache(cache, past_key_values)
+        if cache is None:
             return {"input_ids": input_ids, "attention_mask": attention_mask}
-        new = input_ids[:, past_key_values.get_seq_length() :]
-        return {"input_ids": new, "attention_mask": attention_mask, "past_key_values": past_key_values}
+        new = input_ids[:, cache.get_seq_length() :]
+        return {"input_ids": new, "attention_mask": attention_mask, **cache_kwargs(cache)}
 
     def _read_for_generation(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache: MemoryGenerationCache
     ) -> MemoryCausalLMOutput:
         ids, _ = self._check_inputs(input_ids, None)
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, -ids.shape[1] :].to(ids.device).long()
-        return MemoryCausalLMOutput(logits=cache.read(ids, mask), past_key_values=cache)
+        return MemoryCausalLMOutput(logits=cache.read(ids, mask), **cache_kwargs(cache))
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 import hmt_adapters as ha
+from hmt_adapters.compat import output_cache
 from cases import SEGMENT, cases, wrap
 from tiny import MAX_POSITIONS, VOCAB, random_ids
 
@@ -129,7 +130,7 @@ def test_state_after_generation_equals_the_state_forward_builds(method):
     model = wrap(method, "llama").eval()
     ids = random_ids(2, 2 * SEGMENT + 5)
     out = model.generate(input_ids=ids, **no_eos(2 * SEGMENT + 1), return_dict_in_generate=True)
-    generated = out.past_key_values.memory_state()
+    generated = output_cache(out).memory_state()
     with torch.no_grad():
         _, stepped = model.step(out.sequences[:, :-1])  # the last sampled token is never read
     assert generated.segments_seen == stepped.segments_seen and generated.pending_length == stepped.pending_length

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..compat import cache_kwargs, output_cache
 from . import family as fam
 
 
@@ -150,10 +151,10 @@ class BackboneAdapter:
         """
         self.check_mask(mask)
         out = self.body_module(
-            inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-            use_cache=True, **kwargs,
+            inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids, use_cache=True,
+            **cache_kwargs(cache), **kwargs,
         )
-        return out.last_hidden_state, out.past_key_values
+        return out.last_hidden_state, output_cache(out)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the LM head and the family's own logit transform (scaling, soft-capping; see `family.py`)."""

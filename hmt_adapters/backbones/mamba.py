@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..compat import cache_kwargs, output_cache
 from .base import RecurrentAdapter
 
 
@@ -41,6 +42,6 @@ class MambaAdapter(RecurrentAdapter):
                 inputs_embeds=_gather_slots(inputs_embeds, order), attention_mask=_gather_slots(mask, order),
                 use_cache=True,
             )
-            return _gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)), out.cache_params
-        out = self.body_module(inputs_embeds=inputs_embeds, cache_params=cache, use_cache=True)
-        return out.last_hidden_state, out.cache_params
+            return _gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)), output_cache(out, state_space=True)
+        out = self.body_module(inputs_embeds=inputs_embeds, use_cache=True, **cache_kwargs(cache, state_space=True))
+        return out.last_hidden_state, output_cache(out, state_space=True)
