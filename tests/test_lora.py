@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 
@@ -10,6 +11,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.training import add_lora, lora_target_modules
+from families import family_backbone
 from tiny import random_ids, tiny_backbone
 
 HMT = dict(segment_length=8, sensory_length=2, memory_window=4)
@@ -74,3 +76,23 @@ def test_memory_saving_switches_give_the_same_lora_and_memory_gradients():
         torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5)
         for name, grad in grads.items():
             torch.testing.assert_close(grad, ref_grads[name], atol=1e-6, rtol=1e-5)
+
+
+QUERY_PROJECTIONS = {"llama": ["q_proj"], "phi3": ["qkv_proj"], "gpt_neox": ["query_key_value"]}
+
+
+@pytest.mark.parametrize("family", sorted(QUERY_PROJECTIONS))  # q_proj, fused qkv_proj, per-head query_key_value
+def test_trams_selects_with_the_query_lora_applies_as_the_merged_model_does(family):
+    """TRAMS scores memory keys with W_q (its metric); under LoRA that is the base weight plus the adapter's delta."""
+    trams = dict(segment_length=8, memory_size=16, select_size=8)
+    lora = add_lora(family_backbone(family), rank=2, dropout=0.0, target_modules=QUERY_PROJECTIONS[family])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)  # peft starts B at zero (no delta): make the delta real
+    merged = ha.wrap_with_memory(copy.deepcopy(lora).merge_and_unload(), "trams", **trams).eval()
+    model = ha.wrap_with_memory(lora, "trams", **trams).eval()
+    ids = random_ids(2, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=2e-5, rtol=1e-4)

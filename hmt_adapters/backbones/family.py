@@ -121,21 +121,39 @@ def pair_rotation(attn: nn.Module | None):
     return None if torch.equal(family_rotate(probe), _rotate_half(probe)) else family_rotate
 
 
+def linear_weights(layer: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """`(weight, bias)` a linear layer applies: a plain `nn.Linear`, or one peft wrapped with LoRA (its base weight
+    plus the delta of every active, unmerged adapter, through peft's own `get_delta_weight`). None otherwise."""
+    if isinstance(layer, nn.Linear):
+        return layer.weight, layer.bias
+    base = getattr(layer, "base_layer", None)
+    if not isinstance(base, nn.Linear) or not hasattr(layer, "get_delta_weight"):
+        return None
+    weight = base.weight
+    if not layer.merged and not layer.disable_adapters:
+        for name in layer.active_adapters:
+            if name in getattr(layer, "lora_A", {}):
+                weight = weight + layer.get_delta_weight(name)
+    return weight, base.bias
+
+
 def query_projection(attn: nn.Module | None, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """`(W_q [H*D, d], b_q)` of an attention module with a separate or a fused query projection."""
+    """`(W_q [H*D, d], b_q)` of an attention module with a separate or a fused query projection (LoRA included)."""
     if attn is None:
         return None
     width = heads * head_dim
-    q = getattr(attn, "q_proj", None)
-    if isinstance(q, nn.Linear):
-        return q.weight, q.bias
-    fused = getattr(attn, "qkv_proj", None) or getattr(attn, "c_attn", None)  # Phi3; GPT-BigCode ([q ; k ; v] rows)
-    if isinstance(fused, nn.Linear):
-        return fused.weight[:width], None if fused.bias is None else fused.bias[:width]
-    qkv = getattr(attn, "query_key_value", None)  # GPT-NeoX: rows per head as [q_h ; k_h ; v_h]
-    if isinstance(qkv, nn.Linear) and qkv.weight.shape[0] == 3 * width:
-        w = qkv.weight.view(heads, 3, head_dim, -1)[:, 0].reshape(width, -1)
-        b = None if qkv.bias is None else qkv.bias.view(heads, 3, head_dim)[:, 0].reshape(width)
+    q = linear_weights(getattr(attn, "q_proj", None))
+    if q is not None:
+        return q
+    fused = linear_weights(getattr(attn, "qkv_proj", None) or getattr(attn, "c_attn", None))  # Phi3; GPT-BigCode
+    if fused is not None:  # [q ; k ; v] rows
+        weight, bias = fused
+        return weight[:width], None if bias is None else bias[:width]
+    qkv = linear_weights(getattr(attn, "query_key_value", None))  # GPT-NeoX: rows per head as [q_h ; k_h ; v_h]
+    if qkv is not None and qkv[0].shape[0] == 3 * width:
+        weight, bias = qkv
+        w = weight.view(heads, 3, head_dim, -1)[:, 0].reshape(width, -1)
+        b = None if bias is None else bias.view(heads, 3, head_dim)[:, 0].reshape(width)
         return w, b
     return None
 
@@ -155,6 +173,9 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     alibi = getattr(config, "alibi", None)  # Falcon: a switch; Bloom: always (its attention takes `alibi`)
     if alibi or (alibi is None and "alibi" in inspect.signature(attn.forward).parameters):
         return "its ALiBi attention biases logits by token distance inside its own attention code, which memory keys have none of"
+    if module is not None and hasattr(module, "rotate_every_two"):  # GPT-J, CodeGen (docs/architecture.md)
+        return ("its RoPE rotates interleaved dimension pairs with (sin, cos) from its own rotary module, which "
+                "memory keys are not re-positioned with")
     if module is None or not hasattr(module, INTERFACE_NAME):
         return "its attention does not go through transformers' attention interface, where memory keys/values are joined"
     if rope is None and getattr(config, "rotary_dim", None):
