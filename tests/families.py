@@ -87,7 +87,7 @@ def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float
 
 # family -> what its refusal of attention-level methods must say (input-level methods work everywhere)
 REFUSED = {
-    "gptj": "attention interface",
+    "gptj": "interleaved dimension pairs",
     "falcon": "attention interface",
     "bloom": "ALiBi",
     "mamba": "no attention layers",
