@@ -238,8 +238,32 @@ def real_text() -> str | None:
     return "\n\n".join(readme_section(load(n), n) for n in names) or None
 
 
+def version_matrix() -> str | None:
+    data = load("version_matrix")
+    if data is None or not data.get("rows"):
+        return None
+    lines = [f"`{data['command']}`: one fresh venv per row, the package built from the working tree; `floor` pins every "
+             "dependency to its declared floor, the other rows pin the lock (`constraints.txt`) with transformers at "
+             "that release.", "",
+             "| row | transformers | tokenizers | huggingface_hub | peft | tests | result | first failing test | commit |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        got = row.get("installed", {})
+        if "install_failed" in row:
+            outcome, tests = "install failed", "-"
+        else:
+            outcome = "passed" if row["passed"] else "failed"
+            demo = "demo smoke ok" if row["demo_smoke_returncode"] == 0 else "demo smoke FAILED"
+            tests = f"{row['tests']}: {row['pytest_summary'].strip('= ')}; {demo}"
+        lines.append(f"| {row['row']} | {got.get('transformers', '-')} | {got.get('tokenizers', '-')} | "
+                     f"{got.get('huggingface-hub', '-')} | {got.get('peft', '-')} | {tests} | {outcome} | "
+                     f"{row.get('first_failing_test') or '-'} | `{row['provenance']['git_commit'][:10]}` |")
+    return "\n".join(lines)
+
+
 SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
-            "longcontext": longcontext, "longcontext-tiny": longcontext_tiny, "real-text": real_text}
+            "longcontext": longcontext, "longcontext-tiny": longcontext_tiny, "real-text": real_text,
+            "version-matrix": version_matrix}
 
 
 def record_demo(folder: str) -> None:
