@@ -1,5 +1,6 @@
-"""Render the README's result tables from `benchmarks/results/*.json` (between `<!-- NAME:start -->` and
-`<!-- NAME:end -->` markers), so every number in the README comes from a results file.
+"""Render the result tables of README.md and docs/*.md from `benchmarks/results/*.json` (between
+`<!-- NAME:start -->` and `<!-- NAME:end -->` markers, in whichever page holds them), so every number in the
+documentation comes from a results file.
 
     python benchmarks/render_readme.py [--demo-output demo_output]
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from common import RESULTS, ROOT, peak_ratio, write_result
 
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose markers are rendered
 
 
 def load(name: str) -> dict | None:
@@ -281,18 +283,23 @@ def main() -> None:
     args = parser.parse_args()
     if args.demo_output:
         record_demo(args.demo_output)
-    text = README.read_text()
+    texts = {page: page.read_text() for page in PAGES}
     for name, render in SECTIONS.items():
         table = render()
         if table is None:
             print(f"{name}: no results file yet, left as it is")
             continue
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- {name}:start/end --> markers")
-        text = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
-        print(f"{name}: rendered")
-    README.write_text(text)
+        pages = [page for page, text in texts.items() if pattern.search(text)]
+        if len(pages) != 1:
+            found = ", ".join(str(p.relative_to(ROOT)) for p in pages) or "none"
+            raise SystemExit(f"<!-- {name}:start/end --> markers must be in exactly one page of README.md, docs/*.md; "
+                             f"found in: {found}")
+        texts[pages[0]] = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), texts[pages[0]])
+        print(f"{name}: rendered into {pages[0].relative_to(ROOT)}")
+    for page, text in texts.items():
+        if page.read_text() != text:
+            page.write_text(text)
     model_cards()
 
 
