@@ -68,14 +68,25 @@ def test_xl_with_memory_covering_the_document_equals_the_bare_backbone(family):
         torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_soft_capped_attention_caps_memory_logits_as_the_family_does():
-    """Gemma2 soft-caps attention logits: a top-k read covering the memory (explicit joint softmax) equals
-    Transformer-XL's prefix through the family's own eager attention."""
+def gemma2_kernels() -> list[str]:
+    """eager always; sdpa where the installed transformers still runs Gemma2 on it (it drops the soft-cap there)."""
+    try:
+        family_backbone("gemma2").set_attn_implementation("sdpa")
+    except ValueError:  # transformers >= 5.24 refuses sdpa for Gemma2
+        return ["eager"]
+    return ["eager", "sdpa"]
+
+
+@pytest.mark.parametrize("kernel", gemma2_kernels())
+def test_soft_capped_attention_caps_memory_logits_as_the_family_does(kernel):
+    """Gemma2 soft-caps attention logits where its kernel does (eager; sdpa ignores the cap): a top-k read covering
+    the memory (explicit joint softmax) equals Transformer-XL's prefix through the family's own attention."""
     ids = random_ids(2, 4 * 8 + 5)
     common = dict(segment_length=8, memory_size=20, memory_layers=[0, 1], positions="pos0")
     logits = []
     for method, extra in (("transformer_xl", {}), ("memorizing_transformer", dict(topk=20))):
         base = family_backbone("gemma2", attn_logit_softcapping=2.0)
+        base.set_attn_implementation(kernel)
         with torch.no_grad():
             for layer in base.model.layers:  # attention logits of order 10: the cap bites
                 layer.self_attn.q_proj.weight.mul_(30.0)

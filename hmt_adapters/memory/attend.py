@@ -61,6 +61,17 @@ def head_mix(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return (grouped @ value).view(batch, heads, q_len, value.shape[-1])
 
 
+# Kernels that ignore an attention logit soft-cap passed to them (transformers' sdpa function drops Gemma2's `softcap`;
+# Gemma2 ran on sdpa before transformers 5.24 made it refuse sdpa): the memory path caps only where the layer's own
+# kernel does, so memory joins the attention the backbone actually computes (docs/attention_memory.md).
+KERNELS_WITHOUT_SOFTCAP = frozenset({"sdpa"})
+
+
+def family_softcap(call: AttentionCall) -> float | None:
+    """The attention logit soft-cap the layer's own kernel applies (Gemma2 under eager, flash or flex), or None."""
+    return None if call.impl in KERNELS_WITHOUT_SOFTCAP else call.kwargs.get("softcap")
+
+
 def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | None = None):
     """The layer's attention output `([B, q, Hq, D], None)` with `read` joined to its local keys.
 
@@ -73,7 +84,7 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
     local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-    softcap = call.kwargs.get("softcap")  # Gemma2's attention logit soft-capping, which SDPA cannot apply
+    softcap = family_softcap(call)
     if shared_only and call.impl != "eager" and q_len > 1 and not softcap:  # memory per query head (TRAMS under GQA)
         out = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
     else:  # eager, gated, retrieved per query, soft-capped or one decoded token: explicit, nothing concatenated but logits
