@@ -8,6 +8,7 @@ the base model (name, architecture, widths, vocabulary) and the file format vers
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import shutil
@@ -30,17 +31,38 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Version of the adapter folder layout and of the metadata in memory_config.json. Files without the key were written
-# by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record.
-FORMAT_VERSION = 1
+# by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record. Format 2 guards the folder
+# against loaders that would drop the memory (`GUARD_NAME`, `MARKED_PEFT_TYPE`); formats 0 and 1 load unchanged.
+FORMAT_VERSION = 2
 # Files of an earlier save that a new one may not write (a save without peft after one with it): removed on save.
 PEFT_FILES = (hub.LORA_CONFIG_NAME, hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)
 # What `from_pretrained` accepts besides the download keywords and the config fields.
 LOAD_KWARGS = ("is_trainable", "inplace")
 FILE_KIND = "memory_adapter"  # safetensors metadata `hmt_adapters_file` of the memory weights
 
+# A saved folder must not load without its memory through transformers or peft (docs/training.md, "peft's verbs"):
+# - `config.json` with a `model_type` transformers does not know: `AutoModelForCausalLM.from_pretrained(folder)` and
+#   `pipeline(model=folder)` read it (before any adapter_config.json) and stop with a message that holds the type;
+# - `adapter_config.json`'s `peft_type` replaced by a sentence (the real type under `PEFT_TYPE_KEY`):
+#   `PeftModel.from_pretrained`, `PeftConfig.from_pretrained` and `AutoPeftModelForCausalLM` stop on the unknown type.
+LOAD_HINT = "hmt_adapters.AutoMemoryModelForCausalLM.from_pretrained(folder) or MemoryModel.from_pretrained(base, folder)"
+GUARD_NAME = "config.json"
+GUARD_MODEL_TYPE = f"hmt-adapters memory adapter (not a full model): load it with {LOAD_HINT}"
+PEFT_TYPE_KEY = "hmt_adapters_peft_type"
+MARKED_PEFT_TYPE = (
+    f"HMT_ADAPTERS_MEMORY: this peft adapter belongs to a memory adapter and is wrong without it; load it with {LOAD_HINT}"
+)
+
 
 def is_peft(model: torch.nn.Module) -> bool:
     return unwrap_causal_lm(model) is not model
+
+
+def has_peft_layers(model: torch.nn.Module) -> bool:
+    """Whether `model` holds peft tuner layers (LoRA, IA3, ...); a peft model after peft's `merge_and_unload` has none."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(m, BaseTunerLayer) for m in model.modules())
 
 
 def backbone_facts(adapter: BackboneAdapter) -> dict[str, Any]:
@@ -85,13 +107,53 @@ def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.
         metadata={"format": "pt", "method": model.method, "hmt_adapters_file": FILE_KIND},
     )
     if is_peft(model.backbone):
+        if not has_peft_layers(model.backbone):
+            raise ValueError(
+                "The backbone is a peft model without adapter layers: its adapter was merged into the base weights "
+                "(e.g. by `model.base_model.merge_and_unload()`), and an adapter folder cannot hold merged base "
+                "weights (peft would write an empty adapter). Use `model = model.merge_and_unload()`: it keeps the "
+                "memory and saves a memory-only adapter; save the merged base with `model.base_model.save_pretrained`."
+            )
         peft_state = None
         if state_dict is not None:
             prefix = f"{model.base_model_prefix}."
             peft_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         model.backbone.save_pretrained(folder, state_dict=peft_state)
+        _mark_peft_config(folder)
+    write_guard(folder)
     with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as fh:
         fh.write(model.memory_config.to_json_string(**base_metadata(model)))
+
+
+def write_guard(folder: str) -> None:
+    """Write `GUARD_NAME`, the `config.json` that stops transformers' loaders from reading the folder as a model."""
+    with open(os.path.join(folder, GUARD_NAME), "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"model_type": GUARD_MODEL_TYPE, "hmt_adapters_version": __version__}, indent=2) + "\n")
+
+
+def _mark_peft_config(folder: str) -> None:
+    """Replace `peft_type` in the peft config peft just wrote by `MARKED_PEFT_TYPE` (the real one under
+    `PEFT_TYPE_KEY`), so that peft alone refuses the folder; `_load_peft` reads it back."""
+    path = os.path.join(folder, hub.LORA_CONFIG_NAME)
+    data = read_json_object(path, "The peft adapter config")
+    if PEFT_TYPE_KEY in data:
+        return
+    data[PEFT_TYPE_KEY] = data.get("peft_type")
+    data["peft_type"] = MARKED_PEFT_TYPE
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _read_peft_config(folder: str, is_trainable: bool) -> Any:
+    """The peft config of `folder`, marked (format 2) or not (formats 0 and 1, plain peft files)."""
+    from peft import PeftConfig
+
+    data = read_json_object(os.path.join(folder, hub.LORA_CONFIG_NAME), "The peft adapter config")
+    if PEFT_TYPE_KEY in data:
+        data["peft_type"] = data.pop(PEFT_TYPE_KEY)
+    config = PeftConfig.from_peft_type(**data)
+    config.inference_mode = not is_trainable
+    return config
 
 
 def _move_in(tmp: str, directory: str) -> None:
@@ -220,7 +282,8 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
         raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
     if not is_peft(base_model):
         with peft_on_transformers5():
-            return PeftModel.from_pretrained(base_model, folder, is_trainable=is_trainable)
+            config = _read_peft_config(folder, is_trainable)
+            return PeftModel.from_pretrained(base_model, folder, config=config, is_trainable=is_trainable)
     result = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
     if result.unexpected_keys:
         raise ValueError(

@@ -180,6 +180,31 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """The trainable memory parameters (not the backbone, not LoRA)."""
         return (p for p in self.memory.parameters() if p.requires_grad)
 
+    def merge_and_unload(
+        self, progressbar: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None
+    ) -> "MemoryModel":
+        """Merge the backbone's peft adapter (LoRA, ...) into its base weights and return a MemoryModel on the merged
+        plain causal LM with the same memory (weights, config, train/eval mode, `requires_grad`).
+
+        peft's own `merge_and_unload` does the merge (its keywords pass through); the outputs are those of the model
+        before the merge, up to the rounding of the merged weights. This model's backbone is left unusable, as peft's
+        verb leaves a peft model. `save_pretrained` on the result writes a memory-only adapter; the merged base is
+        yours to save (`merged.base_model.save_pretrained(dir)`) and to pass to `MemoryModel.from_pretrained`. The
+        merged base's `_name_or_path` is cleared, so the adapter records no base and `AutoMemoryModelForCausalLM`
+        never loads it onto the unmerged base it came from (docs/training.md, "peft's verbs").
+        """
+        if not causal_lm_is_peft(self.backbone):
+            raise ValueError("The backbone carries no peft adapter to merge; `merge_and_unload` needs a peft backbone.")
+        merged = self.backbone.merge_and_unload(progressbar=progressbar, safe_merge=safe_merge, adapter_names=adapter_names)
+        merged.config._name_or_path = ""
+        trainable = {n for n, p in self.memory.named_parameters() if p.requires_grad}
+        new = type(self)(merged, self.memory_config.replace())
+        new.memory.load_state_dict(self.memory.state_dict())
+        for name, param in new.memory.named_parameters():
+            param.requires_grad_(name in trainable)
+        new.train(self.training)
+        return new
+
     def init_memory(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
         """The empty memory state for `batch_size` streams."""
         if not isinstance(batch_size, int) or batch_size < 1:

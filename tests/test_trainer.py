@@ -45,7 +45,8 @@ def test_checkpoints_hold_the_adapter_and_save_model_reloads(tmp_path):
     assert set(weights) == trainable_keys(model) and all(k.startswith("memory.") for k in weights)
     assert {"memory_config.json", "memory_adapter.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
     Trainer(model=model, args=TrainingArguments(str(tmp_path), report_to="none", use_cpu=True)).save_model(str(tmp_path / "final"))
-    assert sorted(os.listdir(tmp_path / "final")) == ["memory_adapter.safetensors", "memory_config.json", "training_args.bin"]
+    assert sorted(os.listdir(tmp_path / "final")) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json", "training_args.bin"]
     reloaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path / "final")).eval()
     ids = random_ids(2, 30, seed=1)
     with torch.no_grad():
