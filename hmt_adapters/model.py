@@ -261,8 +261,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
             logits=packing.unpack(result.logits) if keep else None,
-            num_tokens=result.num_tokens if labels is not None else None,
-        )
+        ).with_num_tokens(result.num_tokens if labels is not None else None)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """What the LM head reads for each token, `[B, T, d]` (zero at padding), as `forward` reads the input.
@@ -320,8 +319,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
             logits=stream.unpack(result.logits)[:, pending:],
             memory_state=new_state,
-            num_tokens=result.num_tokens if labels is not None else None,
-        )
+        ).with_num_tokens(result.num_tokens if labels is not None else None)
         return out, new_state
 
     # ---- Trainer glue ----------------------------------------------------------------------------------------

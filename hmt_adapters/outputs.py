@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -127,9 +127,16 @@ class MemoryCausalLMOutput(CausalLMOutputWithPast):
             One row per input token; none for memory, sensory or summary slots.
         memory_state (`MemoryState`, *optional*):
             The state after the last segment (returned by `step`).
-        num_tokens (`torch.LongTensor` of shape `()`, *optional*):
-            Targets that entered the loss.
+
+    `num_tokens` (`torch.LongTensor` of shape `()`, or None without labels), the targets that entered the loss, is an
+    attribute, not an output entry: the `Trainer` hands every entry but the loss to `compute_metrics`, which then gets
+    the logits alone, as from any causal LM (`with_num_tokens`).
     """
 
     memory_state: MemoryState | None = None
-    num_tokens: torch.Tensor | None = None
+    num_tokens: ClassVar[torch.Tensor | None] = None  # set per instance by `with_num_tokens`; not a dataclass field
+
+    def with_num_tokens(self, num_tokens: torch.Tensor | None) -> "MemoryCausalLMOutput":
+        """This output with `num_tokens` set (outside the output's entries, see the class docstring)."""
+        object.__setattr__(self, "num_tokens", num_tokens)
+        return self
