@@ -216,12 +216,14 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     @contextlib.contextmanager
     def disable_memory(self) -> Iterator[None]:
-        """Run the backbone on each segment alone (no memory): the same-window baseline."""
-        self.runtime.memory_enabled = False
-        try:
+        """Run the backbone on each segment alone (no memory): the same-window baseline.
+
+        Covers every call made inside the block in this thread (or asyncio task): `forward`, `step` (the state passes
+        through unchanged) and `generate` (the prompt and the generated tokens read in windows of `segment_length`
+        with no memory). Other threads' calls on the same model keep their memory meanwhile.
+        """
+        with self.runtime.memory_disabled():
             yield
-        finally:
-            self.runtime.memory_enabled = True
 
     def forward(
         self,

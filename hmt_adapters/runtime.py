@@ -10,6 +10,8 @@ for the vocabulary projection, with the same loss and gradients (an ignored targ
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,9 @@ from .offload import ActivationOffload
 from .outputs import MemoryState
 
 IGNORE_INDEX = -100
+# Runtimes whose memory is off in the current thread / task (`SegmentRuntime.memory_disabled`): a per-call switch, so
+# another thread's calls on the same model keep their memory.
+_MEMORY_OFF: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hmt_memory_off", default=frozenset())
 MEMORY_KWARG = "memory_context"  # keyword that carries attention-level memory to the patched attention function
 
 
@@ -82,7 +87,20 @@ class SegmentRuntime:
     def __init__(self, method: MemoryMethod, backbone: BackboneAdapter):
         self.method = method
         self.backbone = backbone
-        self.memory_enabled = True
+
+    @property
+    def memory_enabled(self) -> bool:
+        """False inside `memory_disabled()` in this thread / task, True everywhere else."""
+        return id(self) not in _MEMORY_OFF.get()
+
+    @contextlib.contextmanager
+    def memory_disabled(self) -> Iterator[None]:
+        """Every segment read inside runs the backbone alone (no memory read, none written), in this thread only."""
+        token = _MEMORY_OFF.set(_MEMORY_OFF.get() | {id(self)})
+        try:
+            yield
+        finally:
+            _MEMORY_OFF.reset(token)
 
     @property
     def config(self):
