@@ -112,7 +112,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`nn.Module.__call__`; a call with `fused_lm_head=True` (TRL's fused LM head, docs/training.md) sees
-        `base_model` as the memory body (`MemoryBody`) for its duration, so the head reads hidden states with memory."""
+        `base_model` as the memory body (`MemoryBody`) for its duration: the head reads hidden states with memory."""
         if not kwargs.get("fused_lm_head"):
             return super().__call__(*args, **kwargs)
         token = _FUSED_CALL.set(self)
@@ -194,8 +194,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         never loads it onto the unmerged base it came from (docs/training.md, "peft's verbs").
         """
         if not causal_lm_is_peft(self.backbone):
-            raise ValueError("The backbone carries no peft adapter to merge; `merge_and_unload` needs a peft backbone.")
-        merged = self.backbone.merge_and_unload(progressbar=progressbar, safe_merge=safe_merge, adapter_names=adapter_names)
+            raise ValueError("The backbone carries no peft adapter to merge: `merge_and_unload` needs one.")
+        merged = self.backbone.merge_and_unload(
+            progressbar=progressbar, safe_merge=safe_merge, adapter_names=adapter_names
+        )
         merged.config._name_or_path = ""
         trainable = {n for n, p in self.memory.named_parameters() if p.requires_grad}
         new = type(self)(merged, self.memory_config.replace())
@@ -273,7 +275,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         ids, mask = self._check_inputs(input_ids, attention_mask)
         packing = Packing.of(mask)
         state = self.init_memory(ids.shape[0], ids.device)
-        result = self.runtime.run(packing.pack(ids), packing.packed_mask, None, state, keep_logits=True, keep_hidden=True)
+        result = self.runtime.run(packing.pack(ids), packing.packed_mask, None, state, keep_hidden=True)
         return packing.unpack(result.logits)
 
     def step(
@@ -449,7 +451,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache: MemoryGenerationCache
     ) -> MemoryCausalLMOutput:
         ids, _ = self._check_inputs(input_ids, None)
-        mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, -ids.shape[1] :].to(ids.device).long()
+        if attention_mask is None:
+            mask = torch.ones_like(ids)
+        else:
+            mask = (attention_mask[:, -ids.shape[1] :].to(ids.device) != 0).long()
         return MemoryCausalLMOutput(logits=cache.read(ids, mask), **cache_kwargs(cache))
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
@@ -465,7 +470,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     ) -> None:
         """Write `memory_config.json`, `memory_adapter.safetensors` and (with peft) the peft adapter files, atomically.
 
-        Every file is written to a temporary folder first, so an error while writing leaves an earlier save intact;
+        Every file is written to a temporary folder first and the complete folder replaces an earlier save in one
+        rename, so an error or a kill while saving leaves the earlier save whole and a reader never sees a mix;
         peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
@@ -551,7 +557,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
             raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
-        return input_ids, attention_mask.to(input_ids.device).long()
+        return input_ids, (attention_mask.to(input_ids.device) != 0).long()  # transformers' rule: nonzero attends
 
     @staticmethod
     def _check_labels(labels: Any, input_ids: torch.Tensor) -> torch.Tensor:

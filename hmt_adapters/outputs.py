@@ -96,6 +96,7 @@ class MemoryState:
             raise ValueError(f"{path} is {_describe(meta, keys)}, not a memory state written by MemoryState.save.")
         raw = load_file(path, device=str(device))
         tensors = {k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")}
+        check_finite(tensors, f"The memory state {path}")
         return cls(
             meta["method"],
             tensors,
@@ -104,6 +105,17 @@ class MemoryState:
             raw.get("pending_mask"),
             json.loads(meta.get("extras", "{}")),
         )
+
+
+def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse NaN or infinite values in loaded floating-point tensors, naming the first tensor that holds one."""
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(
+                f"{source}: tensor {name!r} holds {bad} NaN or infinite value(s) of {tensor.numel()}; the file is "
+                "corrupted or was saved from a diverged run, and would give NaN outputs."
+            )
 
 
 def _describe(meta: dict[str, str], keys: list[str]) -> str:

@@ -125,7 +125,7 @@ class SegmentRuntime:
         the result's `logits` are the tensors the LM head reads, one row per token (a fused LM head applies it).
         """
         if keep_hidden and (targets is not None or not keep_logits):
-            raise ValueError("`keep_hidden=True` returns the LM head's inputs: it takes no targets and keeps every row.")
+            raise ValueError("`keep_hidden=True` returns the LM head's inputs: it takes no targets, keeps every row.")
         cfg = self.config
         length = cfg.segment_length
         spans = segment_spans(input_ids.shape[1], length)
@@ -153,8 +153,10 @@ class SegmentRuntime:
             if cfg.bptt_depth is not None and index > 0 and index % cfg.bptt_depth == 0:
                 tensors = {k: v.detach() for k, v in tensors.items()}
             seg_targets = targets[:, s:e] if supervised[n] else None
-            args = (input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits,
-                    keep_hidden)
+            args = (
+                input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits,
+                keep_hidden,
+            )
             if cfg.gradient_checkpointing and grad:
                 ce, count, seg_logits, tensors = checkpoint(self._segment, *args, use_reentrant=False)
             elif cfg.offload_activations and grad:

@@ -118,7 +118,8 @@ def test_a_new_save_removes_lora_files_of_an_earlier_save(tmp_path):
 def test_saving_into_a_folder_keeps_files_that_are_not_the_adapters(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "memory_adapter.safetensors", "memory_config.json", "tokenizer.json"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json", "tokenizer.json"]
 
 
 # ---- recorded base facts, format version, required fields -----------------------------------------------------------

@@ -182,7 +182,8 @@ def test_save_pretrained_with_push_to_hub_saves_and_pushes(monkeypatch, tmp_path
     hub = HubRecorder(monkeypatch)
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
     model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="me/pushed", create_pr=True, commit_message="c")
-    assert sorted(os.listdir(tmp_path / "local")) == ["config.json", "memory_adapter.safetensors", "memory_config.json"]
+    assert sorted(os.listdir(tmp_path / "local")) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json"]
     upload = hub.kwargs("upload_folder")
     assert (upload["repo_id"], upload["create_pr"], upload["commit_message"]) == ("me/pushed", True, "c")
     model.save_pretrained(tmp_path / "my-adapter", push_to_hub=True)

@@ -1,5 +1,6 @@
-"""The memory-off baseline (`MemoryModel.disable_memory`) is one per-call context: it covers forward, step and generate,
-stays in its own thread, and lm-eval's `MemoryLM(memory=False)` applies it per call without switching the model."""
+"""The memory-off baseline (`MemoryModel.disable_memory`) is one per-call context: it covers forward, step and
+generate, stays in its own thread, and lm-eval's `MemoryLM(memory=False)` applies it per call without switching
+the model."""
 
 from __future__ import annotations
 

@@ -43,10 +43,12 @@ def test_merge_and_unload_keeps_the_memory_and_saves_a_memory_only_adapter(tmp_p
     assert not any("lora_" in n for n, _ in merged.named_parameters())
     torch.testing.assert_close(logits(merged, ids), before, atol=1e-5, rtol=1e-5)
     merged.save_pretrained(tmp_path / "adapter")
-    assert sorted(os.listdir(tmp_path / "adapter")) == ["config.json", "memory_adapter.safetensors", "memory_config.json"]
+    assert sorted(os.listdir(tmp_path / "adapter")) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json"]
     assert json.loads((tmp_path / "adapter" / "memory_config.json").read_text())["base_model_name_or_path"] is None
     merged.base_model.save_pretrained(tmp_path / "base")
-    reloaded = ha.MemoryModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+    merged_base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    reloaded = ha.MemoryModel.from_pretrained(merged_base, tmp_path / "adapter")
     torch.testing.assert_close(logits(reloaded, ids), before, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="no peft adapter to merge"):
         merged.merge_and_unload()

@@ -126,7 +126,8 @@ def test_window_collator_honours_each_rows_attention_mask():
     the loss equals the one of the same rows unpadded, whatever the padding holds."""
     model = hmt_model().eval()
     rows = [random_ids(1, n, seed=n)[0].tolist() for n in (19, 12)]
-    padded = [{"input_ids": r + [7] * (24 - len(r)), "attention_mask": [1] * len(r) + [0] * (24 - len(r))} for r in rows]
+    padded = [{"input_ids": r + [7] * (24 - len(r)), "attention_mask": [1] * len(r) + [0] * (24 - len(r))}
+              for r in rows]
     batch = WindowCollator()(padded)
     assert torch.equal(batch["labels"][1, 12:], torch.full((12,), -100))
     plain = WindowCollator()([{"input_ids": r} for r in rows])

@@ -78,7 +78,8 @@ def test_example_trains_memory_and_lora_with_sft_trainer_and_reloads(tmp_path):
     assert report["memory_updated"] and report["lora_updated"]
     assert report["reloaded_max_abs_logit_gap"] == 0.0
     files = set(os.listdir(tmp_path / "out"))
-    assert {"memory_config.json", "memory_adapter.safetensors", "adapter_config.json", "adapter_model.safetensors"} <= files
+    expected = {"memory_config.json", "memory_adapter.safetensors", "adapter_config.json", "adapter_model.safetensors"}
+    assert expected <= files
 
 
 def sft_config(out, **kw) -> SFTConfig:

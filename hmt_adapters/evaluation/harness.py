@@ -78,7 +78,9 @@ class MemoryLM(HFLM):
             pretrained.to(device)
         pretrained.eval()
         if not isinstance(memory, bool):
-            raise ValueError(f"`memory` must be True or False (lm-eval's `memory=false` parses to False), got {memory!r}.")
+            raise ValueError(
+                f"`memory` must be True or False (lm-eval's `memory=false` parses to False), got {memory!r}."
+            )
         self.memory = memory  # applied per call (`_memory`): the model itself is never switched
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, max_length=max_length or UNBOUNDED, **kwargs)
 
