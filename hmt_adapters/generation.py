@@ -308,7 +308,10 @@ class RowGroup:
         adapter, method = self.model.adapter, self.model.memory
         if self.open is None:
             segment = Segment(ids, mask, self.state.segments_seen, adapter.embed(ids), closes=False)
-            layout = method.prepare(segment, self.state.tensors, method.plan([segment], self.state.tensors)[0])
+            if self.model.runtime.memory_enabled:
+                layout = method.prepare(segment, self.state.tensors, method.plan([segment], self.state.tensors)[0])
+            else:  # `disable_memory()`: the open segment is read alone too, as in `forward`
+                layout = Layout()
             if layout.attention is not None:  # records feed `update`, and a segment is read again when it closes
                 layout.attention.record_layers = frozenset()
             window, window_mask = self.model.runtime.assemble(segment, layout, suffix=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -30,6 +32,41 @@ from .runtime import IGNORE_INDEX, SegmentRuntime, resolve_keep_logits, shift_ta
 
 def _methods_without_attention() -> list[str]:
     return [m for m in available_methods() if not get_method(m).needs_attention]
+
+
+# The MemoryModel whose call (in this thread / task) passed `fused_lm_head=True`: TRL's fused LM head
+# (`trl.trainer.utils.add_fused_lm_head`, see docs/training.md) reads the LM head's inputs from `model.base_model`.
+_FUSED_CALL: contextvars.ContextVar["MemoryModel | None"] = contextvars.ContextVar("hmt_fused_lm_head", default=None)
+
+PEFT_ORDER = (
+    "peft adapters go on the backbone before the memory: `wrap_with_memory(get_peft_model(base, peft_config), ...)` "
+    "(or `hmt_adapters.training.add_lora(base)`), then pass that MemoryModel to the trainer without `peft_config`"
+)
+
+
+class MemoryBody:
+    """The memory model up to its LM head, as a fused LM head calls `model.base_model` (docs/training.md).
+
+    Called with `input_ids` and `attention_mask`, it reads the document segment by segment from an empty memory, as
+    `MemoryModel.forward` does, and returns the tensors the LM head reads (`last_hidden_state`, `[B, T, d]`, zero at
+    padding), so a per-token log-probability computed from them equals the one from `forward`'s logits.
+    """
+
+    def __init__(self, model: "MemoryModel"):
+        self.model = model
+
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutput:
+        if kwargs:
+            why = (" (`position_ids` come from padding-free batches, e.g. TRL's `padding_free=True` or "
+                   "`packing_strategy='bfd'`: memory reads each row as one document; use padded batches)"
+                   if "position_ids" in kwargs else "")
+            raise ValueError(
+                f"A memory model's body takes `input_ids` and `attention_mask` only, got {sorted(kwargs)}{why}."
+            )
+        return BaseModelOutput(last_hidden_state=self.model.hidden_states(input_ids, attention_mask))
 
 
 class MemoryModel(PreTrainedModel, GenerationMixin):
@@ -73,6 +110,52 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         param = next(causal_lm.parameters())
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """`nn.Module.__call__`; a call with `fused_lm_head=True` (TRL's fused LM head, docs/training.md) sees
+        `base_model` as the memory body (`MemoryBody`) for its duration: the head reads hidden states with memory."""
+        if not kwargs.get("fused_lm_head"):
+            return super().__call__(*args, **kwargs)
+        token = _FUSED_CALL.set(self)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _FUSED_CALL.reset(token)
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The backbone (a causal LM, or the peft model around it); inside a `fused_lm_head=True` call, the memory
+        body whose `last_hidden_state` is what the LM head reads."""
+        if _FUSED_CALL.get() is self:
+            return MemoryBody(self)  # type: ignore[return-value]
+        return self.backbone
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "peft_config":  # what peft's tuners set on the model they inject into (get_peft_model, add_adapter)
+            raise TypeError(
+                "peft cannot wrap a MemoryModel: it would freeze the memory and save only its own weights. "
+                f"{PEFT_ORDER}. This MemoryModel now holds peft's layers; rebuild it from the backbone."
+            )
+        super().__setattr__(name, value)
+
+    def add_adapter(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: transformers' peft integration would freeze and drop the memory (see `PEFT_ORDER`)."""
+        raise TypeError(f"MemoryModel.add_adapter is not supported: {PEFT_ORDER}.")
+
+    def load_adapter(self, *args: Any, **kwargs: Any) -> None:
+        """Refused: memory adapters load with `MemoryModel.from_pretrained` / `AutoMemoryModelForCausalLM`."""
+        raise TypeError(
+            "MemoryModel.load_adapter is not supported: load a saved memory adapter (with its LoRA) with "
+            "MemoryModel.from_pretrained(base, folder) or AutoMemoryModelForCausalLM.from_pretrained(folder)."
+        )
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        """The backbone's LM head."""
+        return self.adapter.model.get_output_embeddings()
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The backbone's token embeddings."""
+        return self.adapter.model.get_input_embeddings()
+
     def _freeze_backbone(self) -> None:
         """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and `modules_to_save`)."""
         keep_peft = causal_lm_is_peft(self.backbone)
@@ -97,6 +180,33 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """The trainable memory parameters (not the backbone, not LoRA)."""
         return (p for p in self.memory.parameters() if p.requires_grad)
 
+    def merge_and_unload(
+        self, progressbar: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None
+    ) -> "MemoryModel":
+        """Merge the backbone's peft adapter (LoRA, ...) into its base weights and return a MemoryModel on the merged
+        plain causal LM with the same memory (weights, config, train/eval mode, `requires_grad`).
+
+        peft's own `merge_and_unload` does the merge (its keywords pass through); the outputs are those of the model
+        before the merge, up to the rounding of the merged weights. This model's backbone is left unusable, as peft's
+        verb leaves a peft model. `save_pretrained` on the result writes a memory-only adapter; the merged base is
+        yours to save (`merged.base_model.save_pretrained(dir)`) and to pass to `MemoryModel.from_pretrained`. The
+        merged base's `_name_or_path` is cleared, so the adapter records no base and `AutoMemoryModelForCausalLM`
+        never loads it onto the unmerged base it came from (docs/training.md, "peft's verbs").
+        """
+        if not causal_lm_is_peft(self.backbone):
+            raise ValueError("The backbone carries no peft adapter to merge: `merge_and_unload` needs one.")
+        merged = self.backbone.merge_and_unload(
+            progressbar=progressbar, safe_merge=safe_merge, adapter_names=adapter_names
+        )
+        merged.config._name_or_path = ""
+        trainable = {n for n, p in self.memory.named_parameters() if p.requires_grad}
+        new = type(self)(merged, self.memory_config.replace())
+        new.memory.load_state_dict(self.memory.state_dict())
+        for name, param in new.memory.named_parameters():
+            param.requires_grad_(name in trainable)
+        new.train(self.training)
+        return new
+
     def init_memory(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
         """The empty memory state for `batch_size` streams."""
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -108,12 +218,14 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     @contextlib.contextmanager
     def disable_memory(self) -> Iterator[None]:
-        """Run the backbone on each segment alone (no memory): the same-window baseline."""
-        self.runtime.memory_enabled = False
-        try:
+        """Run the backbone on each segment alone (no memory): the same-window baseline.
+
+        Covers every call made inside the block in this thread (or asyncio task): `forward`, `step` (the state passes
+        through unchanged) and `generate` (the prompt and the generated tokens read in windows of `segment_length`
+        with no memory). Other threads' calls on the same model keep their memory meanwhile.
+        """
+        with self.runtime.memory_disabled():
             yield
-        finally:
-            self.runtime.memory_enabled = True
 
     def forward(
         self,
@@ -125,6 +237,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         cache: MemoryGenerationCache | None = None,
         return_dict: bool = True,
         past_key_values: MemoryGenerationCache | None = None,
+        use_cache: bool | None = None,
     ) -> MemoryCausalLMOutput:
         """Read `input_ids` `[B, T]` (any T >= 1) segment by segment from an empty memory.
 
@@ -133,7 +246,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         keeps them except in a Trainer training step (train mode, gradients, labels and `num_items_in_batch`).
         Inside `generate`, `cache` is the generation cache (`past_key_values`, its name before transformers 5.24,
         is accepted too): `input_ids` are then only the new tokens, `attention_mask` covers the whole sequence, and
-        `logits` hold the last position only.
+        `logits` hold the last position only. `use_cache` (what trainers such as TRL pass) changes nothing: outside
+        `generate` a memory model returns no cache.
         """
         if not return_dict:
             raise ValueError("MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
@@ -151,8 +265,18 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
             logits=packing.unpack(result.logits) if keep else None,
-            num_tokens=result.num_tokens if labels is not None else None,
-        )
+        ).with_num_tokens(result.num_tokens if labels is not None else None)
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """What the LM head reads for each token, `[B, T, d]` (zero at padding), as `forward` reads the input.
+
+        `self.adapter.logits(hidden_states(ids, mask))` equals `forward(ids, mask).logits` at every real token.
+        """
+        ids, mask = self._check_inputs(input_ids, attention_mask)
+        packing = Packing.of(mask)
+        state = self.init_memory(ids.shape[0], ids.device)
+        result = self.runtime.run(packing.pack(ids), packing.packed_mask, None, state, keep_hidden=True)
+        return packing.unpack(result.logits)
 
     def step(
         self,
@@ -199,8 +323,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
             logits=stream.unpack(result.logits)[:, pending:],
             memory_state=new_state,
-            num_tokens=result.num_tokens if labels is not None else None,
-        )
+        ).with_num_tokens(result.num_tokens if labels is not None else None)
         return out, new_state
 
     # ---- Trainer glue ----------------------------------------------------------------------------------------
@@ -328,7 +451,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache: MemoryGenerationCache
     ) -> MemoryCausalLMOutput:
         ids, _ = self._check_inputs(input_ids, None)
-        mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, -ids.shape[1] :].to(ids.device).long()
+        if attention_mask is None:
+            mask = torch.ones_like(ids)
+        else:
+            mask = (attention_mask[:, -ids.shape[1] :].to(ids.device) != 0).long()
         return MemoryCausalLMOutput(logits=cache.read(ids, mask), **cache_kwargs(cache))
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
@@ -344,7 +470,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     ) -> None:
         """Write `memory_config.json`, `memory_adapter.safetensors` and (with peft) the peft adapter files, atomically.
 
-        Every file is written to a temporary folder first, so an error while writing leaves an earlier save intact;
+        Every file is written to a temporary folder first and the complete folder replaces an earlier save in one
+        rename, so an error or a kill while saving leaves the earlier save whole and a reader never sees a mix;
         peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
@@ -430,7 +557,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
             raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
-        return input_ids, attention_mask.to(input_ids.device).long()
+        return input_ids, (attention_mask.to(input_ids.device) != 0).long()  # transformers' rule: nonzero attends
 
     @staticmethod
     def _check_labels(labels: Any, input_ids: torch.Tensor) -> torch.Tensor:

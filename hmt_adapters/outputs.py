@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -96,6 +96,7 @@ class MemoryState:
             raise ValueError(f"{path} is {_describe(meta, keys)}, not a memory state written by MemoryState.save.")
         raw = load_file(path, device=str(device))
         tensors = {k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")}
+        check_finite(tensors, f"The memory state {path}")
         return cls(
             meta["method"],
             tensors,
@@ -104,6 +105,17 @@ class MemoryState:
             raw.get("pending_mask"),
             json.loads(meta.get("extras", "{}")),
         )
+
+
+def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse NaN or infinite values in loaded floating-point tensors, naming the first tensor that holds one."""
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(
+                f"{source}: tensor {name!r} holds {bad} NaN or infinite value(s) of {tensor.numel()}; the file is "
+                "corrupted or was saved from a diverged run, and would give NaN outputs."
+            )
 
 
 def _describe(meta: dict[str, str], keys: list[str]) -> str:
@@ -127,9 +139,16 @@ class MemoryCausalLMOutput(CausalLMOutputWithPast):
             One row per input token; none for memory, sensory or summary slots.
         memory_state (`MemoryState`, *optional*):
             The state after the last segment (returned by `step`).
-        num_tokens (`torch.LongTensor` of shape `()`, *optional*):
-            Targets that entered the loss.
+
+    `num_tokens` (`torch.LongTensor` of shape `()`, or None without labels), the targets that entered the loss, is an
+    attribute, not an output entry: the `Trainer` hands every entry but the loss to `compute_metrics`, which then gets
+    the logits alone, as from any causal LM (`with_num_tokens`).
     """
 
     memory_state: MemoryState | None = None
-    num_tokens: torch.Tensor | None = None
+    num_tokens: ClassVar[torch.Tensor | None] = None  # set per instance by `with_num_tokens`; not a dataclass field
+
+    def with_num_tokens(self, num_tokens: torch.Tensor | None) -> "MemoryCausalLMOutput":
+        """This output with `num_tokens` set (outside the output's entries, see the class docstring)."""
+        object.__setattr__(self, "num_tokens", num_tokens)
+        return self

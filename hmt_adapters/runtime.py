@@ -10,6 +10,8 @@ for the vocabulary projection, with the same loss and gradients (an ignored targ
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,9 @@ from .offload import ActivationOffload
 from .outputs import MemoryState
 
 IGNORE_INDEX = -100
+# Runtimes whose memory is off in the current thread / task (`SegmentRuntime.memory_disabled`): a per-call switch, so
+# another thread's calls on the same model keep their memory.
+_MEMORY_OFF: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hmt_memory_off", default=frozenset())
 MEMORY_KWARG = "memory_context"  # keyword that carries attention-level memory to the patched attention function
 
 
@@ -72,7 +77,7 @@ def keep_rows(rows: torch.Tensor, new: State, old: State) -> State:
 class RunResult:
     loss_sum: torch.Tensor  # fp32 scalar: summed cross-entropy
     num_tokens: torch.Tensor  # int64 scalar: targets that entered the sum
-    logits: torch.Tensor | None  # [B, T, V]
+    logits: torch.Tensor | None  # [B, T, V]; with `keep_hidden`, the LM head's input `[B, T, d]` instead
     state: MemoryState
 
 
@@ -82,7 +87,20 @@ class SegmentRuntime:
     def __init__(self, method: MemoryMethod, backbone: BackboneAdapter):
         self.method = method
         self.backbone = backbone
-        self.memory_enabled = True
+
+    @property
+    def memory_enabled(self) -> bool:
+        """False inside `memory_disabled()` in this thread / task, True everywhere else."""
+        return id(self) not in _MEMORY_OFF.get()
+
+    @contextlib.contextmanager
+    def memory_disabled(self) -> Iterator[None]:
+        """Every segment read inside runs the backbone alone (no memory read, none written), in this thread only."""
+        token = _MEMORY_OFF.set(_MEMORY_OFF.get() | {id(self)})
+        try:
+            yield
+        finally:
+            _MEMORY_OFF.reset(token)
 
     @property
     def config(self):
@@ -97,13 +115,17 @@ class SegmentRuntime:
         *,
         keep_logits: bool = True,
         close_last: bool = True,
+        keep_hidden: bool = False,
     ) -> RunResult:
         """Process `input_ids` `[B, T]` segment by segment starting from `state`.
 
         With `keep_logits=False`, segments without a target run no LM head and no cross-entropy. With
         `close_last=False` a final segment shorter than `segment_length` stays open: its logits are returned but it is
-        not folded into the state (streaming keeps those tokens pending).
+        not folded into the state (streaming keeps those tokens pending). With `keep_hidden=True` (and no `targets`)
+        the result's `logits` are the tensors the LM head reads, one row per token (a fused LM head applies it).
         """
+        if keep_hidden and (targets is not None or not keep_logits):
+            raise ValueError("`keep_hidden=True` returns the LM head's inputs: it takes no targets, keeps every row.")
         cfg = self.config
         length = cfg.segment_length
         spans = segment_spans(input_ids.shape[1], length)
@@ -131,7 +153,10 @@ class SegmentRuntime:
             if cfg.bptt_depth is not None and index > 0 and index % cfg.bptt_depth == 0:
                 tensors = {k: v.detach() for k, v in tensors.items()}
             seg_targets = targets[:, s:e] if supervised[n] else None
-            args = (input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits)
+            args = (
+                input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits,
+                keep_hidden,
+            )
             if cfg.gradient_checkpointing and grad:
                 ce, count, seg_logits, tensors = checkpoint(self._segment, *args, use_reentrant=False)
             elif cfg.offload_activations and grad:
@@ -160,10 +185,12 @@ class SegmentRuntime:
         plan,
         closes: bool,
         keep_logits: bool,
+        keep_hidden: bool = False,
     ):
         """One segment: assemble the window, run the backbone, score the tokens, write the new state.
 
         `targets=None` means no target in this segment: the LM head then runs only when the logits are kept.
+        `keep_hidden` returns the token slots' hidden states (the LM head's input) in place of the logits.
         """
         if targets is None and not keep_logits and not (self.memory_enabled and closes):
             return torch.zeros((), device=ids.device), ids.new_zeros(()), None, tensors  # nothing reads this segment
@@ -179,7 +206,9 @@ class SegmentRuntime:
         hidden = self.backbone.body(window, window_mask, **extra)
         start = layout.prefix_length
         logits = None
-        if targets is not None or keep_logits:
+        if keep_hidden:
+            logits = hidden[:, start : start + ids.shape[1]]
+        elif targets is not None or keep_logits:
             logits = self.backbone.logits(hidden[:, start : start + ids.shape[1]])
         if targets is None:
             ce, count = hidden.new_zeros((), dtype=torch.float32), ids.new_zeros(())

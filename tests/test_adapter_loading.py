@@ -118,7 +118,8 @@ def test_a_new_save_removes_lora_files_of_an_earlier_save(tmp_path):
 def test_saving_into_a_folder_keeps_files_that_are_not_the_adapters(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["memory_adapter.safetensors", "memory_config.json", "tokenizer.json"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json", "tokenizer.json"]
 
 
 # ---- recorded base facts, format version, required fields -----------------------------------------------------------
@@ -170,7 +171,7 @@ def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
     assert ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), segment_length=16).memory_config.segment_length == 16
     edit_config(tmp_path, segment_length=16, format_version=99)
-    with pytest.raises(ValueError, match="format version 99, but hmt-adapters .* reads formats 0 to 1: .*upgrade"):
+    with pytest.raises(ValueError, match="format version 99, but hmt-adapters .* reads formats 0 to 2: .*upgrade"):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
 
 

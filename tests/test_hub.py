@@ -31,7 +31,7 @@ def trained(model: ha.MemoryModel) -> ha.MemoryModel:
 def test_only_the_adapter_is_written(tmp_path):
     model = trained(ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **CFG))
     model.save_pretrained(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["memory_adapter.safetensors", "memory_config.json"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "memory_adapter.safetensors", "memory_config.json"]
     weights = load_file(tmp_path / "memory_adapter.safetensors")
     assert sorted(weights) == ["memory_init", "retrieval.key.weight", "retrieval.query.weight", "summary_prompt"]
     config = json.loads((tmp_path / "memory_config.json").read_text())
@@ -142,7 +142,7 @@ def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
     model = ha.wrap_with_memory(base, "hmt", **CFG)
     assert model.push_to_hub("me/smol-hmt") == "commit-info"
     assert hub.kwargs("create_repo")["repo_id"] == hub.kwargs("upload_folder")["repo_id"] == "me/smol-hmt"
-    assert hub.files == ["README.md", "memory_adapter.safetensors", "memory_config.json"]
+    assert hub.files == ["README.md", "config.json", "memory_adapter.safetensors", "memory_config.json"]
     card = hub.card
     assert "library_name: hmt-adapters" in card and "base_model: HuggingFaceTB/SmolLM2-135M" in card
     assert "- hmt" in card and "| `sensory_length` | `2` |" in card and "| `memory_window` | `3` |" in card
@@ -182,7 +182,8 @@ def test_save_pretrained_with_push_to_hub_saves_and_pushes(monkeypatch, tmp_path
     hub = HubRecorder(monkeypatch)
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
     model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="me/pushed", create_pr=True, commit_message="c")
-    assert sorted(os.listdir(tmp_path / "local")) == ["memory_adapter.safetensors", "memory_config.json"]
+    assert sorted(os.listdir(tmp_path / "local")) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json"]
     upload = hub.kwargs("upload_folder")
     assert (upload["repo_id"], upload["create_pr"], upload["commit_message"]) == ("me/pushed", True, "c")
     model.save_pretrained(tmp_path / "my-adapter", push_to_hub=True)

@@ -45,7 +45,8 @@ def test_checkpoints_hold_the_adapter_and_save_model_reloads(tmp_path):
     assert set(weights) == trainable_keys(model) and all(k.startswith("memory.") for k in weights)
     assert {"memory_config.json", "memory_adapter.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
     Trainer(model=model, args=TrainingArguments(str(tmp_path), report_to="none", use_cpu=True)).save_model(str(tmp_path / "final"))
-    assert sorted(os.listdir(tmp_path / "final")) == ["memory_adapter.safetensors", "memory_config.json", "training_args.bin"]
+    assert sorted(os.listdir(tmp_path / "final")) == [
+        "config.json", "memory_adapter.safetensors", "memory_config.json", "training_args.bin"]
     reloaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path / "final")).eval()
     ids = random_ids(2, 30, seed=1)
     with torch.no_grad():
@@ -117,4 +118,42 @@ def test_trainer_steps_run_the_head_only_on_supervised_segments_and_evaluation_k
     trainer.train()
     assert len(calls) == 2  # one supervised segment per step, not three
     prediction = trainer.predict(data)
-    assert prediction.predictions[0].shape == (4, 24, 96) and len(calls) == 2 + 3
+    assert prediction.predictions.shape == (4, 24, 96) and len(calls) == 2 + 3  # the logits, not a tuple
+
+
+def test_window_collator_honours_each_rows_attention_mask():
+    """Rows padded before the collator (`datasets.map` with `padding="max_length"`) train on their real tokens only:
+    the loss equals the one of the same rows unpadded, whatever the padding holds."""
+    model = hmt_model().eval()
+    rows = [random_ids(1, n, seed=n)[0].tolist() for n in (19, 12)]
+    padded = [{"input_ids": r + [7] * (24 - len(r)), "attention_mask": [1] * len(r) + [0] * (24 - len(r))}
+              for r in rows]
+    batch = WindowCollator()(padded)
+    assert torch.equal(batch["labels"][1, 12:], torch.full((12,), -100))
+    plain = WindowCollator()([{"input_ids": r} for r in rows])
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).loss, model(**plain).loss, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"Row 0: `attention_mask` has shape \(3,\) but `input_ids` has \(24,\)"):
+        WindowCollator()([{"input_ids": padded[0]["input_ids"], "attention_mask": [1, 1, 1]}])
+
+
+def test_compute_metrics_receives_the_logits_as_from_any_causal_lm(tmp_path):
+    """`EvalPrediction.predictions` is the `[rows, tokens, vocab]` logits array, not a (logits, num_tokens) tuple."""
+    model = hmt_model().eval()
+    data = Dataset.from_dict({"input_ids": random_ids(4, 20, seed=5).tolist()})
+    seen = {}
+
+    def compute_metrics(pred):
+        seen["predictions"] = pred.predictions
+        top1 = pred.predictions[:, :-1].argmax(-1)
+        return {"accuracy": float((top1 == pred.label_ids[:, 1:]).mean())}
+
+    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=2, report_to="none", use_cpu=True)
+    metrics = Trainer(model=model, args=args, eval_dataset=data, data_collator=WindowCollator(),
+                      compute_metrics=compute_metrics).evaluate()
+    ids = torch.tensor(data["input_ids"])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    assert not isinstance(seen["predictions"], tuple)
+    torch.testing.assert_close(torch.from_numpy(seen["predictions"]), expected, atol=1e-5, rtol=1e-5)
+    assert metrics["eval_accuracy"] == pytest.approx(float((expected[:, :-1].argmax(-1) == ids[:, 1:]).float().mean()))

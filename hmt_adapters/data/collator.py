@@ -21,6 +21,9 @@ IGNORE_INDEX = -100
 class WindowCollator:
     """Right-pad `input_ids` (and `labels`, when rows carry them) to the longest row of the batch.
 
+    A row's own `attention_mask` (e.g. from `tokenizer(..., padding="max_length")` in `datasets.map`) is kept: the
+    positions it masks are padding, read by no segment and never a target.
+
     Args:
         pad_token_id: id written into padding positions (never a target: labels there are -100).
         min_length: rows with fewer tokens are an error (e.g. `segment_length`: a shorter window trains no memory).
@@ -49,6 +52,7 @@ class WindowCollator:
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ids = [self._row_ids(n, row) for n, row in enumerate(rows)]
         labels = [torch.as_tensor(row["labels"], dtype=torch.long) if "labels" in row else i for row, i in zip(rows, ids)]
+        masks = [self._row_mask(n, row, i) for n, (row, i) in enumerate(zip(rows, ids))]
         for n, (i, lab) in enumerate(zip(ids, labels)):
             if lab.shape != i.shape:
                 raise ValueError(f"Row {n}: `labels` has {lab.numel()} entries but `input_ids` has {i.numel()}.")
@@ -56,10 +60,12 @@ class WindowCollator:
         batch_ids = torch.full((len(ids), length), self.pad_token_id, dtype=torch.long)
         batch_labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
         mask = torch.zeros((len(ids), length), dtype=torch.long)
-        for n, (i, lab) in enumerate(zip(ids, labels)):
-            batch_ids[n, : i.numel()], batch_labels[n, : i.numel()], mask[n, : i.numel()] = i, lab, 1
+        for n, (i, lab, row_mask) in enumerate(zip(ids, labels, masks)):
+            batch_ids[n, : i.numel()], mask[n, : i.numel()] = i, row_mask
+            batch_labels[n, : i.numel()] = lab.masked_fill(row_mask == 0, IGNORE_INDEX)
             if self.loss_segments is not None:
-                batch_labels[n, : self._first_target(i.numel())] = IGNORE_INDEX
+                real = row_mask.nonzero()[:, 0]  # the model's segments count a row's real tokens only
+                batch_labels[n, real[: self._first_target(real.numel())]] = IGNORE_INDEX
         batch = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
         if self.return_logits is not None:
             batch["return_logits"] = self.return_logits
@@ -69,6 +75,21 @@ class WindowCollator:
         """Index of the first label a row keeps: one past the start of its last `loss_segments` segments."""
         segments = -(-length // self.segment_length)
         return max(0, segments - self.loss_segments) * self.segment_length + 1
+
+    @staticmethod
+    def _row_mask(n: int, row: Mapping[str, Any], ids: torch.Tensor) -> torch.Tensor:
+        """The row's own `attention_mask` (rows padded by a tokenizer or `datasets.map`), else all ones.
+
+        As in transformers, any nonzero value attends; positions it masks are padding: not read, never a target.
+        """
+        if "attention_mask" not in row:
+            return torch.ones_like(ids)
+        mask = torch.as_tensor(row["attention_mask"])
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"Row {n}: `attention_mask` has shape {tuple(mask.shape)} but `input_ids` has {tuple(ids.shape)}."
+            )
+        return (mask != 0).long()
 
     def _row_ids(self, n: int, row: Mapping[str, Any]) -> torch.Tensor:
         if "input_ids" not in row:

@@ -24,6 +24,7 @@ memory. `HFLM(pretrained=<MemoryModel>, max_length=<large>)` gives the same log-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -59,7 +60,7 @@ class MemoryLM(HFLM):
     (`"smollm2"` or a path) plus `adapter` = a saved memory adapter folder; `memory=False` evaluates the same model
     with each segment read alone (`MemoryModel.disable_memory`, the same-window baseline)."""
 
-    def __init__(self, pretrained: MemoryModel | str, adapter: str | None = None, memory: bool | str = True,
+    def __init__(self, pretrained: MemoryModel | str, adapter: str | None = None, memory: bool = True,
                  tokenizer: Any = None, max_length: int | None = None, device: str | None = None, **kwargs: Any):
         if isinstance(pretrained, str):
             if adapter is None:
@@ -76,9 +77,24 @@ class MemoryLM(HFLM):
         if device is not None:
             pretrained.to(device)
         pretrained.eval()
-        if str(memory).lower() in ("false", "0", "off", "no"):
-            pretrained.runtime.memory_enabled = False  # what `disable_memory()` sets, for this evaluator's lifetime
+        if not isinstance(memory, bool):
+            raise ValueError(
+                f"`memory` must be True or False (lm-eval's `memory=false` parses to False), got {memory!r}."
+            )
+        self.memory = memory  # applied per call (`_memory`): the model itself is never switched
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, max_length=max_length or UNBOUNDED, **kwargs)
+
+    def _memory(self) -> contextlib.AbstractContextManager:
+        """`disable_memory()` around one call when `memory=False`; nothing otherwise."""
+        return contextlib.nullcontext() if self.memory else self.model.disable_memory()
+
+    def _model_call(self, *args: Any, **kwargs: Any) -> Any:
+        with self._memory():
+            return super()._model_call(*args, **kwargs)
+
+    def _model_generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self._memory():
+            return super()._model_generate(*args, **kwargs)
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of each document (every token, the first predicted from the prefix token), streamed through
@@ -90,7 +106,8 @@ class MemoryLM(HFLM):
             if len(ids) > self.max_length:
                 out.extend(super().loglikelihood_rolling([request], disable_tqdm=True))
                 continue
-            loglikelihood = -float(token_nll(self.model, torch.tensor(ids)).double().sum())
+            with self._memory():
+                loglikelihood = -float(token_nll(self.model, torch.tensor(ids)).double().sum())
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), loglikelihood)
             out.append(loglikelihood)
         return out
