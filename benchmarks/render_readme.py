@@ -196,8 +196,12 @@ def support_matrix() -> str | None:
     reasons: dict[str, int] = {}
     lines = [f"`python benchmarks/support_matrix.py` (transformers {data['transformers']}, {commit(data)}); every "
              "`yes` cell passes `tests/test_families.py`; a numbered cell raises `NotImplementedError` naming the "
-             "method, the family and the reason below.", "",
-             "| family (`model_type`: class) | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+             "method, the family and the reason below. *memory reads*: Transformer-XL with memory covering the "
+             "document against the bare backbone reading it whole (`exact`: below 1e-5 in fp32; a family takes "
+             "attention memory only where they are exact).", "",
+             "| family (`model_type`: class) | " + " | ".join(methods) + " | memory reads |",
+             "|---" * (len(methods) + 2) + "|"]
+    reads = data.get("memory_reads", {})
     for family, cls in data["families"].items():
         row = []
         for method in methods:
@@ -206,6 +210,9 @@ def support_matrix() -> str | None:
                 row.append(f"no ({reasons.setdefault(c['reason'], len(reasons) + 1)})")
             else:
                 row.append(c["outcome"] + ("*" if c.get("memory_layers") else ""))
+        read = reads.get(family, {})
+        diff = read.get("max_abs_diff_xl_covering")
+        row.append(read.get("outcome", "-") + ("" if diff is None else f" ({diff:.0e})"))
         lines.append(f"| `{family}`: {cls} | " + " | ".join(row) + " |")
     lines.append("")
     lines += [f"{n}. {reason}." for reason, n in reasons.items()]

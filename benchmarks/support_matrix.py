@@ -5,6 +5,8 @@
 Each cell wraps the family's tiny random model (`tests/families.py`) with the method: a refusal records its
 reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference between its logits with memory disabled and the bare
 backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
+Per family, memory reads are checked exact: Transformer-XL with memory covering the document against the bare
+backbone over the whole document (above 1e-5 is "inexact").
 Writes `benchmarks/results/support_matrix.json`, which `render_readme.py` turns into the README's matrix and
 `tests/test_families.py` compares with its own expectations.
 """
@@ -23,10 +25,25 @@ sys.path.insert(0, str(ROOT))
 
 import hmt_adapters as ha  # noqa: E402
 from cases import METHOD_CASES  # noqa: E402
-from families import FAMILY_NAMES, VOCAB, family_backbone, layer_overrides  # noqa: E402
+from families import (  # noqa: E402
+    FAMILY_NAMES, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone, layer_overrides, memory_read_error,
+)
 
 SEGMENT = 8
 TOLERANCE = 1e-4
+READ_TOLERANCE = 1e-5  # memory reads: fp32 noise is ~1e-7, another family's RoPE on memory keys ~1e-3
+
+
+def memory_reads(family: str, refused: bool) -> dict:
+    """Whether memory reads are exact on `family`: Transformer-XL with memory covering the document against the bare
+    backbone (`tests/families.py::memory_read_error`); not run where attention memory is refused or where state
+    outside attention (SSM layers) restarts every segment."""
+    if refused:
+        return {"outcome": "refused"}
+    if family in STATE_OUTSIDE_ATTENTION:
+        return {"outcome": "state outside attention"}
+    error = memory_read_error(family, SEGMENT)
+    return {"outcome": "exact" if error < READ_TOLERANCE else "inexact", "max_abs_diff_xl_covering": error}
 
 
 def cell(method: str, family: str) -> dict:
@@ -50,18 +67,20 @@ def cell(method: str, family: str) -> dict:
 def main() -> None:
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
-    cells, classes = {}, {}
+    cells, classes, reads = {}, {}, {}
     for family in FAMILY_NAMES:
         classes[family] = type(family_backbone(family)).__name__
         for method in METHOD_CASES:
             cells[f"{method}/{family}"] = cell(method, family)
-        print(family, " ".join(cells[f"{m}/{family}"]["outcome"] for m in METHOD_CASES), flush=True)
+        reads[family] = memory_reads(family, cells[f"transformer_xl/{family}"]["outcome"] == "refused")
+        print(family, " ".join(cells[f"{m}/{family}"]["outcome"] for m in METHOD_CASES), reads[family], flush=True)
     write_result("support_matrix", {
         "command": "python benchmarks/support_matrix.py",
         "transformers": transformers.__version__,
         "methods": list(METHOD_CASES),
         "families": classes,
         "cells": cells,
+        "memory_reads": reads,
     })
 
 

@@ -23,7 +23,7 @@ from .runtime import MEMORY_KWARG
 
 PREFIX = "hmt_memory_"
 
-# (position_ids, like, layer) -> (cos, sin) or, for a family pairing dimensions its own way, (cos, sin, rotate_half)
+# (position_ids, like, layer) -> (cos, sin) or, for a family rotating its own way, (cos, sin, its RoPE function)
 Rotary = Callable[..., "tuple | None"]
 
 
@@ -35,29 +35,36 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-PairRotation = Callable[[torch.Tensor], torch.Tensor]
+# (x [B, H, T, D], cos, sin broadcastable to [B, H, T, Dc]) -> x rotated: a family's own RoPE (`family.own_rope`)
+RopeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
     """RoPE of `x` `[..., D]` by `cos, sin` broadcastable to `[..., Dr]`; `Dr < D` rotates the first `Dr` dims only
-    (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do. `pairs` is the family's own
-    `rotate_half` (which dimensions rotate together: halves by default, neighbours in Cohere)."""
+    (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do. `family_rope` is the family's own
+    function where it rotates differently from Llama's half split (interleaved pairs: Cohere, GLM, GPT-J;
+    docs/architecture.md)."""
+    if family_rope is not None:
+        return family_rope(x, cos, sin)
     rot = cos.shape[-1]
     if rot < x.shape[-1]:
-        return torch.cat([apply_rope(x[..., :rot], cos, sin, pairs), x[..., rot:]], dim=-1)
-    return x * cos + pairs(x) * sin
+        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
+    return x * cos + rotate_half(x) * sin
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
     """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, Dr]` (the backbone's own convention)."""
-    return apply_rope(x, cos[:, None], sin[:, None], pairs)
+    return apply_rope(x, cos[:, None], sin[:, None], family_rope)
 
 
-def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: PairRotation = rotate_half) -> torch.Tensor:
-    """Exact inverse of `rotate`: the pre-RoPE tensor (also for RoPE scaled by an attention factor, as YaRN's)."""
+def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+    """Exact inverse of `rotate`: the pre-RoPE tensor (also for RoPE scaled by an attention factor, as YaRN's).
+
+    Every RoPE here is `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries and `pair` a quarter turn of
+    each dimension pair, so the rotation by `(cos, -sin) / (cos^2 + sin^2)` undoes it."""
     cos, sin = cos[:, None], sin[:, None]
     norm = cos * cos + sin * sin
-    return apply_rope(x, cos / norm, -sin / norm, pairs)
+    return apply_rope(x, cos / norm, -sin / norm, family_rope)
 
 
 # ---- masks ----------------------------------------------------------------------------------------------------
@@ -242,8 +249,8 @@ class AttentionContext:
         rope = self.call_rope(call)
         if rope is None:
             return x
-        cos, sin, *pairs = rope
-        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :], *pairs)
+        cos, sin, *family_rope = rope
+        return unrotate(x, cos[:, -x.shape[2] :], sin[:, -x.shape[2] :], *family_rope)
 
     def attend(self, call: AttentionCall):
         self.calls += 1

@@ -1,4 +1,4 @@
-"""Tiny random configs of 33 Hugging Face causal-LM families (transformers 5.23 `model_type` names), for the
+"""Tiny random configs of 41 Hugging Face causal-LM families (transformers 5.23 `model_type` names), for the
 family matrix: hidden 32, 2 layers, vocab 128, each family's own quirk switched on (partial rotary, QK-norm, MQA,
 logit scaling, multipliers, MoE, hybrid layers) so that a skipped family difference shows."""
 
@@ -62,6 +62,21 @@ FAMILY_CONFIGS: dict[str, dict] = {
         lm_head_multiplier=0.5, embedding_multiplier=2.0,
     ),
     "lfm2": dict(layer_types=["conv", "full_attention"], block_ff_dim=64, block_auto_adjust_ff_dim=False),
+    "glm": dict(partial_rotary_factor=0.5),  # interleaved pairs with cos/sin narrowed inside its RoPE, partial rotary
+    "glm4": dict(partial_rotary_factor=0.5),  # the same, plus norms after attention and MLP
+    "helium": dict(head_dim=8),  # interleaved pairs
+    "ernie4_5": {},  # interleaved pairs
+    "hunyuan_v1_dense": dict(head_dim=8),  # QK-norm after RoPE
+    "codegen": dict(_GPT2_STYLE, rotary_dim=4, n_ctx=MAX_POSITIONS, **_NO_DROPOUT),  # GPT-J's RoPE, fused qkv_proj
+    "deepseek_v3": dict(  # multi-head latent attention (keys 12 wide per head, values 8), MoE from layer 1
+        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+        topk_group=1,
+    ),
+    "zamba2": dict(  # Mamba2 layers and a transformer block shared between its hybrid layers
+        layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=1,
+        use_mamba_kernels=False, chunk_size=8,
+    ),
 }
 
 FAMILY_NAMES = tuple(FAMILY_CONFIGS)
@@ -77,17 +92,27 @@ def _config(family: str):
 
 
 def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
-    """A freshly initialised tiny `*ForCausalLM` of `family` in eval mode (config deep-copied: building mutates it)."""
+    """A freshly initialised tiny `*ForCausalLM` of `family` in eval mode (config deep-copied: building mutates it).
+
+    Norm weights are drawn at random around their initial value, as training leaves them: a norm initialised to the
+    identity hides where it sits (a norm after RoPE commutes with the rotation only while its weight is constant)."""
     config = copy.deepcopy(_config(family))
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name.lower() and name.endswith("weight") and param.dim() == 1:
+                param.add_(torch.empty_like(param).uniform_(-0.5, 0.5))
+    return model.to(dtype).eval()
 
 
 # family -> what its refusal of attention-level methods must say (input-level methods work everywhere)
 REFUSED = {
-    "gptj": "interleaved dimension pairs",
+    "hunyuan_v1_dense": "not its RoPE rotation of the same keys",
+    "deepseek_v3": "multi-head latent attention",
+    "zamba2": "shared between layers",
     "falcon": "attention interface",
     "bloom": "ALiBi",
     "mamba": "no attention layers",
@@ -110,3 +135,28 @@ def layer_overrides(method: str, family: str) -> dict:
         return dict(short_term_layers=layers, long_term_layer=layers[0])
     return dict(memory_layers=layers)
 
+
+
+# families with state outside attention (SSM / convolution layers) that restarts every segment: a memory over the
+# attention layers cannot make them read the whole document, so the exactness check below has nothing to compare with
+STATE_OUTSIDE_ATTENTION = ("jamba", "bamba", "lfm2", "falcon_h1")
+
+
+def memory_read_error(family: str, segment: int = 8) -> float:
+    """Largest |logit| difference between Transformer-XL with memory covering the document and the bare backbone
+    reading the whole document at the positions each token was read at: the stream positions on RoPE families (memory
+    keys are re-rotated at their true distance), the segment's own positions on learned-position ones (OPT, GPT-2:
+    a key keeps the position it was computed at). Sliding windows are widened to the document: this checks memory
+    reads, not window semantics. fp32 noise is ~1e-7; an inexact re-rotation shows as ~1e-3."""
+    import hmt_adapters as ha
+
+    base = family_backbone(family, sliding_window=MAX_POSITIONS)
+    ids = torch.randint(0, VOCAB, (2, 3 * segment + 3), generator=torch.Generator().manual_seed(0))
+    model = ha.wrap_with_memory(base, "transformer_xl", segment_length=segment, memory_size=MAX_POSITIONS).eval()
+    stream = torch.arange(ids.shape[1])
+    rope = model.adapter.rotary(stream[None], model.adapter.embed(ids[:, :1]))
+    positions = (stream if rope is not None else stream % segment).expand_as(ids)
+    with torch.no_grad(), model.disable_memory():  # the bare backbone (the memory attention delegates unchanged)
+        ref = base(input_ids=ids, position_ids=positions).logits
+    with torch.no_grad():
+        return float((model(input_ids=ids).logits - ref).abs().max())

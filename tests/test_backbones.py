@@ -8,6 +8,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.attention import AttentionContext
+from hmt_adapters.backbones import family as fam
 from hmt_adapters.backbones import get_backbone_adapter
 from hmt_adapters.runtime import MEMORY_KWARG
 from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
@@ -94,3 +95,36 @@ def test_soft_capped_attention_caps_memory_logits_as_the_family_does(kernel):
         with torch.no_grad():
             logits.append(model(input_ids=ids).logits)
     torch.testing.assert_close(logits[1], logits[0], atol=2e-5, rtol=1e-4)
+
+
+class _QuerySpy(AttentionContext):
+    """Records each layer's queries, un-rotated with the call's own RoPE."""
+
+    queries: dict
+
+    def attend(self, call):
+        self.queries = {**getattr(self, "queries", {}), call.layer: self.pre_rope(call, call.query)}
+        return call.run()
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "gpt_neox", "gpt_bigcode", "gptj", "codegen", "glm"])
+def test_the_query_projection_is_the_one_the_attention_applies(family):
+    """TRAMS scores memory with `layer_query`'s `W_q` and pre-attention norm: on families whose queries are a plain
+    projection, `W_q norm(h) + b_q` is the query the attention receives (fused `qkv_proj` rows as [q; k; v] in Phi-3,
+    per model-parallel block as [q; v; k] in CodeGen; per head in GPT-NeoX)."""
+    model = ha.wrap_with_memory(family_backbone(family), "transformer_xl", segment_length=8, memory_layers=[1])
+    adapter = model.adapter
+    inputs = []
+    adapter.decoder_layers[1].register_forward_pre_hook(
+        lambda m, a, kw: inputs.append(a[0] if a else kw["hidden_states"]), with_kwargs=True
+    )
+    context = _QuerySpy(rotary=adapter.rotary)
+    ids = random_ids(2, 6)
+    with torch.no_grad():
+        adapter.body(adapter.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: context})
+        w_q, b_q, _ = adapter.layer_query(1)
+        normed = fam.attention_norm(adapter.decoder_layers[1])(inputs[0])
+        query = normed @ w_q.T + (0 if b_q is None else b_q)
+    B, T = ids.shape
+    expected = query.view(B, T, adapter.num_heads, adapter.head_dim).transpose(1, 2)
+    torch.testing.assert_close(context.queries[1], expected, atol=1e-5, rtol=1e-4)

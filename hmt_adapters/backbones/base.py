@@ -35,16 +35,16 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 class _Captured(Exception):
     """Raised inside a layer's attention once its keys and values are recorded (the rest of the layer is not run)."""
 
-    def __init__(self, key: torch.Tensor, value: torch.Tensor):
+    def __init__(self, key: torch.Tensor, value: torch.Tensor, query: torch.Tensor):
         super().__init__("captured")
-        self.key, self.value = key, value
+        self.key, self.value, self.query = key, value, query
 
 
 class _CaptureKV:
     """An attention context (duck-typed for `memory_attention`) that records the layer's K/V and stops the layer."""
 
     def attend(self, call: Any) -> Any:
-        raise _Captured(call.key, call.value)
+        raise _Captured(call.key, call.value, call.query)
 
 
 class _CountLayers:
@@ -175,9 +175,9 @@ class BackboneAdapter:
         return list(self._layers)
 
     @functools.cached_property
-    def _pairs(self):
-        """The family's own RoPE dimension pairing where it is not the half split (`family.pair_rotation`)."""
-        return fam.pair_rotation(self.attention_module(self.attention_layers[0]))
+    def _family_rope(self) -> fam.RopeFunction | None:
+        """The family's own RoPE function where it is not Llama's half split (`family.own_rope`)."""
+        return fam.own_rope(self.attention_module(self.attention_layers[0]))
 
     def attention_module(self, layer: int) -> nn.Module | None:
         """Layer `layer`'s self-attention module (None for a layer without one, e.g. an SSM layer of a hybrid)."""
@@ -190,6 +190,10 @@ class BackboneAdapter:
         except NotImplementedError as err:
             return str(err)
         attns = [a for a in map(fam.find_attention, layers) if a is not None]
+        nested = next(filter(None, map(fam.nested_attention, layers)), None)
+        if not attns and nested is not None:
+            return (f"its attention is not a module of its decoder layers but sits inside a block they call "
+                    f"(`{nested}`, shared between layers), where per-layer memory cannot be joined")
         if not attns:
             return "it has no attention layers (memory can only enter through input embeddings)"
         return fam.attention_refusal(self.model, attns[0], self.rope_module)
@@ -243,7 +247,10 @@ class BackboneAdapter:
         reaches every layer's attention function (a family whose layers drop keyword arguments would lose memory
         silently).
         """
-        reason = self.attention_refusal() or self._memory_kwarg_refusal()
+        previous = self.config._attn_implementation
+        reason = self.attention_refusal() or self._memory_kwarg_refusal() or self._key_position_refusal()
+        if reason is not None and self.config._attn_implementation != previous:
+            self.model.set_attn_implementation(previous)  # a refused backbone is left as the user gave it
         if reason is not None:
             raise NotImplementedError(
                 f"'{method}' injects memory into attention layers, which '{self.model_type}' "
@@ -256,29 +263,76 @@ class BackboneAdapter:
     def rope_module(self) -> nn.Module | None:
         return getattr(self.body_module, "rotary_emb", None)
 
+    def _position_embeddings(self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None) -> tuple:
+        """What the body's rotary module hands layer `layer` at `position_ids` (the family's own order)."""
+        rope = self.rope_module
+        if "layer_type" in inspect.signature(rope.forward).parameters:
+            return tuple(rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer)))
+        return tuple(rope(like, position_ids=position_ids))
+
+    @functools.cached_property
+    def _rope_form(self) -> tuple[bool, bool]:
+        """`(sin first, negatives computed)`, by behaviour: the entry that is all zeros at position 0 is the sine
+        (GPT-J and CodeGen hand `(sin, cos)`); a module that computes angles gives `(cos p, -sin p)` at `-p`, a table
+        (GPT-J's) wraps negative indices around instead."""
+        first = next(self.model.parameters())
+        probe = torch.zeros(1, 1, first.shape[-1], dtype=first.dtype, device=first.device)
+        ids = torch.tensor([[0, 3, -3]], device=first.device)
+        a, b = (t.float() for t in self._position_embeddings(ids, probe, None))
+        sin_first = bool((a[:, 0] == 0).all() and not (b[:, 0] == 0).all())
+        cos, sin = (b, a) if sin_first else (a, b)
+        negatives = torch.allclose(cos[:, 2], cos[:, 1]) and torch.allclose(sin[:, 2], -sin[:, 1])
+        return sin_first, negatives
+
     def rotary(
         self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """`(cos, sin)` `[B, T, Dr]` of the backbone's RoPE for layer `layer` at `position_ids`; None without RoPE.
 
-        A family that pairs dimensions its own way (Cohere: neighbours) adds its `rotate_half` as a third entry.
+        Any integer positions, negative ones included (memory keys sit before the window): where the rotary module
+        is a table of positions (GPT-J), `-p` is `(cos p, -sin p)`. A family rotating its own way (interleaved pairs:
+        Cohere, GLM, GPT-J; `family.own_rope`) adds its RoPE function as a third entry.
 
         `Dr` < head dim means partial rotary (the first `Dr` dims rotate). Families with one RoPE per layer type
         (Gemma3: local and global bases) get the layer's own; a layer without RoPE (SmolLM3's NoPE layers) gets None.
         """
-        rope = self.rope_module
-        if rope is None or (layer is not None and not fam.uses_rope(self.attention_module(layer))):
+        if self.rope_module is None or (layer is not None and not fam.uses_rope(self.attention_module(layer))):
             return None
-        if "layer_type" in inspect.signature(rope.forward).parameters:
-            angles = rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer))
-        else:
-            angles = rope(like, position_ids=position_ids)
-        return tuple(angles) if self._pairs is None else (*angles, self._pairs)
+        sin_first, negatives = self._rope_form
+        sign = None
+        if not negatives and bool((position_ids < 0).any()):
+            sign, position_ids = torch.where(position_ids < 0, -1.0, 1.0), position_ids.abs()
+        a, b = self._position_embeddings(position_ids, like, layer)
+        cos, sin = (b, a) if sin_first else (a, b)
+        if sign is not None:
+            sin = sin * sign[..., None].to(sin.dtype)
+        return (cos, sin) if self._family_rope is None else (cos, sin, self._family_rope)
 
     # ---- per-layer attention access ----------------------------------------------------------------------------
 
     def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)  # [B, T, H*D] -> [B, H, T, D]
+
+    def _captured_kv(
+        self, layer: int, hidden: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values `[B, Hkv, T, D]` (keys rotated) that layer `layer`'s attention function receives when the
+        decoder layer runs on `hidden` at `position_ids`. Needs the memory attention (`use_memory_attention`)."""
+        from ..runtime import MEMORY_KWARG  # runtime imports this package
+
+        module = self.decoder_layers[layer]
+        capture = _CaptureKV()
+        kwargs: dict[str, Any] = {"attention_mask": None, MEMORY_KWARG: capture}
+        if self.rotary(position_ids, hidden, layer) is not None:
+            kwargs["position_embeddings"] = self._position_embeddings(position_ids, hidden, layer)
+        if self.takes_position_ids:
+            kwargs["position_ids"] = position_ids
+        try:
+            with fam.kept_memory_kwarg(self.attention_module(layer), capture):
+                module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: its hooks see model calls only
+        except _Captured as got:
+            return got.key, got.value
+        raise NotImplementedError(f"'{self.model_type}': layer {layer} ran without calling the memory attention.")
 
     def layer_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE keys and values `[B, Hkv, T, D]` that layer `layer` computes from its input `hidden`.
@@ -288,25 +342,42 @@ class BackboneAdapter:
         multipliers, with no re-implementation. Needs the memory attention (`use_memory_attention`) in place.
         """
         from ..attention import unrotate  # attention imports runtime, which imports this package
-        from ..runtime import MEMORY_KWARG
 
-        module = self.decoder_layers[layer]
-        capture = _CaptureKV()
-        kwargs: dict[str, Any] = {"attention_mask": None, MEMORY_KWARG: capture}
         zeros = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        key, value = self._captured_kv(layer, hidden, zeros)
         rope = self.rotary(zeros, hidden, layer)
-        if rope is not None:
-            kwargs["position_embeddings"] = rope[:2]
-        if self.takes_position_ids:
-            kwargs["position_ids"] = zeros
-        try:
-            with fam.kept_memory_kwarg(self.attention_module(layer), capture):
-                module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: its hooks see model calls only
-        except _Captured as got:
-            key, value = got.key, got.value
-        else:
-            raise NotImplementedError(f"'{self.model_type}': layer {layer} ran without calling the memory attention.")
         return (key if rope is None else unrotate(key, *rope)), value
+
+    def _key_position_refusal(self) -> str | None:
+        """Why memory keys cannot be re-positioned exactly (None: they can), by behaviour, on every attention layer:
+        keys and values must share the head width memory is stored at (not so under DeepSeek's multi-head latent
+        attention), and the keys a layer computes at positions `p + 5` must be its keys at `p` rotated on by 5 with
+        the RoPE `rotary` applies (not so with a norm after RoPE, as HunYuan's `key_layernorm` with trained weights).
+        Needs the memory attention in place (`_memory_kwarg_refusal` ran)."""
+        from ..attention import rotate, unrotate
+
+        first = next(self.model.parameters())
+        gen = torch.Generator().manual_seed(0)
+        hidden = torch.randn(1, 6, self.config.hidden_size, generator=gen).to(first.device, first.dtype)
+        here = torch.arange(6, device=first.device)[None]
+        tolerance = max(16 * torch.finfo(first.dtype).eps, 1e-5)
+        with torch.no_grad():
+            for layer in self.attention_layers:
+                key, value = self._captured_kv(layer, hidden, here)
+                if key.shape[-1] != value.shape[-1] or key.shape[-1] != self.head_dim:
+                    return (f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not share "
+                            f"one head width (multi-head latent attention; head_dim {self.head_dim}), which memory "
+                            "stores both at")
+                rope = self.rotary(here, hidden, layer)
+                if rope is None:
+                    continue
+                moved, _ = self._captured_kv(layer, hidden, here + 5)
+                expected = rotate(unrotate(key, *rope), *self.rotary(here + 5, hidden, layer)).float()
+                if (expected - moved.float()).abs().max() > tolerance * moved.float().abs().max():
+                    return (f"its layer {layer}'s keys at other positions are not its RoPE rotation of the same "
+                            "keys (a map after RoPE, such as a norm of the rotated keys), so memory keys cannot be "
+                            "re-positioned")
+        return None
 
     def layer_query(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """`(W_q [Hq*D, d_model], b_q or None, weight of the norm before attention or None)` of layer `layer`."""

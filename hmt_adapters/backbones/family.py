@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -89,6 +89,15 @@ def find_attention(layer: nn.Module) -> nn.Module | None:
     return first_submodule(layer, ATTENTION_NAMES)
 
 
+def nested_attention(layer: nn.Module) -> str | None:
+    """Where a decoder layer without its own self-attention keeps one deeper down (Zamba2: a transformer block shared
+    between its hybrid layers, `shared_transformer.self_attn`), or None."""
+    for name, _ in layer.named_modules():
+        if "." in name and name.rsplit(".", 1)[-1] in ATTENTION_NAMES:
+            return name
+    return None
+
+
 def attention_norm(layer: nn.Module) -> nn.Module | None:
     """The norm that feeds the layer's attention (None for post-norm layers such as OLMo2's)."""
     return first_submodule(layer, ATTENTION_NORM_NAMES)
@@ -111,14 +120,72 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def pair_rotation(attn: nn.Module | None):
-    """The family's own `rotate_half` where it pairs RoPE dimensions differently from the half-split one (Cohere:
-    interleaved neighbours), taken from its modeling module; None for the usual pairing."""
-    family_rotate = getattr(sys.modules.get(type(attn).__module__), "rotate_half", None)
-    if family_rotate is None:
+def _half_split_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama's RoPE of `x` `[..., D]` over the first `cos.shape[-1]` dims (`attention.apply_rope`'s default)."""
+    rot = cos.shape[-1]
+    return torch.cat([x[..., :rot] * cos + _rotate_half(x[..., :rot]) * sin, x[..., rot:]], dim=-1)
+
+
+RopeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _qk_style(apply: Callable) -> RopeFunction:
+    """`apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` (Cohere, GLM, Helium, ERNIE 4.5, ...) as a function of
+    one tensor `[B, H, T, D]` and `cos, sin` broadcastable to `[B, H, T, Dc]`: the first `Dc` dims go through it."""
+
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        width = cos.shape[-1]
+        B, H, T = x.shape[:3]
+        flat = x[..., :width].reshape(B * H, 1, T, width)
+        cos, sin = (t.expand(B, H, T, width).reshape(B * H, T, width) for t in (cos, sin))
+        rotated = apply(flat, flat, cos, sin)[1].reshape(B, H, T, width)
+        return torch.cat([rotated, x[..., width:]], dim=-1)
+
+    return rope
+
+
+def _tensor_sin_cos_style(apply: Callable) -> RopeFunction:
+    """`apply_rotary_pos_emb(tensor [B, T, H, D], sin, cos)` (GPT-J, CodeGen: interleaved pairs, `sin, cos` half the
+    rotated width, the first `rotary_dim` dims rotated) as a function of `[B, H, T, D]` and `cos, sin`."""
+
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = cos.shape[-1]
+        B, H, T = x.shape[:3]
+        flat = x[..., : 2 * half].reshape(B * H, T, 1, 2 * half)
+        cos, sin = (t.expand(B, H, T, half).reshape(B * H, T, half) for t in (cos, sin))
+        rotated = apply(flat, sin, cos).reshape(B, H, T, 2 * half)
+        return torch.cat([rotated, x[..., 2 * half :]], dim=-1)
+
+    return rope
+
+
+def own_rope(attn: nn.Module | None) -> RopeFunction | None:
+    """The family's own RoPE, `(x [B, H, T, D], cos, sin) -> x`, taken from its modeling module's
+    `apply_rotary_pos_emb` where it rotates differently from Llama's half split (interleaved pairs as in Cohere, GLM,
+    Helium, ERNIE 4.5, GPT-J, CodeGen; cos/sin narrowed inside it); None where it is the usual one or not found.
+
+    Detected by behaviour: both functions rotate one random probe. Every such function is
+    `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries, so `attention.unrotate` inverts it exactly; the
+    adapter still checks at wrap time that keys re-rotated with it are the family's own (`BackboneAdapter`).
+    """
+    apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    if not callable(apply):
         return None
-    probe = torch.arange(8.0)
-    return None if torch.equal(family_rotate(probe), _rotate_half(probe)) else family_rotate
+    names = list(inspect.signature(apply).parameters)
+    if names[:4] == ["q", "k", "cos", "sin"]:
+        rope = _qk_style(apply)
+    elif names[:3] == ["tensor", "sin", "cos"]:
+        rope = _tensor_sin_cos_style(apply)
+    else:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 3, 16, generator=gen)
+    cos, sin = torch.randn(2, 1, 1, 3, 8, generator=gen)
+    try:
+        theirs = rope(x, cos, sin)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return None  # a form this wrapper does not know: the half split, checked at wrap time like every family
+    return None if torch.allclose(theirs, _half_split_rope(x, cos, sin)) else rope
 
 
 def linear_weights(layer: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -146,6 +213,11 @@ def query_projection(attn: nn.Module | None, heads: int, head_dim: int) -> tuple
     if q is not None:
         return q
     fused = linear_weights(getattr(attn, "qkv_proj", None) or getattr(attn, "c_attn", None))  # Phi3; GPT-BigCode
+    blocks = getattr(attn, "mp_num", None)  # CodeGen: rows per model-parallel block as [q_b ; v_b ; k_b]
+    if fused is not None and isinstance(blocks, int) and fused[0].shape[0] == 3 * width:
+        weight, bias = fused
+        w = weight.view(blocks, 3, width // blocks, -1)[:, 0].reshape(width, -1)
+        return w, None if bias is None else bias.view(blocks, 3, width // blocks)[:, 0].reshape(width)
     if fused is not None:  # [q ; k ; v] rows
         weight, bias = fused
         return weight[:width], None if bias is None else bias[:width]
@@ -173,9 +245,6 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     alibi = getattr(config, "alibi", None)  # Falcon: a switch; Bloom: always (its attention takes `alibi`)
     if alibi or (alibi is None and "alibi" in inspect.signature(attn.forward).parameters):
         return "its ALiBi attention biases logits by token distance inside its own attention code, which memory keys have none of"
-    if module is not None and hasattr(module, "rotate_every_two"):  # GPT-J, CodeGen (docs/architecture.md)
-        return ("its RoPE rotates interleaved dimension pairs with (sin, cos) from its own rotary module, which "
-                "memory keys are not re-positioned with")
     if module is None or not hasattr(module, INTERFACE_NAME):
         return "its attention does not go through transformers' attention interface, where memory keys/values are joined"
     if rope is None and getattr(config, "rotary_dim", None):

@@ -69,7 +69,7 @@ def rotate_at(
     cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope[:2])
     if positions.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]
-    return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own dimension pairing, if it has one
+    return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own RoPE function, if it has one
 
 
 def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
