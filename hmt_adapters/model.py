@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -381,6 +382,16 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return type(result)(missing, result.unexpected_keys)
 
     # ---- generation ------------------------------------------------------------------------------------------
+
+    def _get_stopping_criteria(self, generation_config: GenerationConfig, *args: Any, **kwargs: Any) -> Any:
+        """transformers' stopping criteria without the backbone's position limit: a memory model reads any length
+        in segments whose positions restart (docs/generation.md), so the "exceeded the model's predefined maximum
+        length" reminder of `MaxLengthCriteria` does not apply."""
+        criteria = super()._get_stopping_criteria(generation_config, *args, **kwargs)
+        for criterion in criteria:
+            if isinstance(criterion, MaxLengthCriteria):
+                criterion.max_position_embeddings = None
+        return criteria
 
     @torch.no_grad()
     def generate(

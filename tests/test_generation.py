@@ -161,3 +161,25 @@ def test_paper_query_generation_matches_forward_once_the_query_tokens_exist():
     steps = torch.stack(out.logits, dim=1)
     # the logit at segment offset t predicts offset t+1; from offset j - 1 on, the exact query is known
     torch.testing.assert_close(steps[:, j:], teacher[:, j:], atol=1e-4, rtol=1e-4)
+
+
+def test_no_maximum_length_reminder_past_the_backbones_positions(caplog):
+    """A memory model reads any length (positions restart every segment): transformers' "exceeded the model's
+    predefined maximum length" reminder, which the bare backbone prints past its positions, does not print."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    model = wrap("hmt", "llama").eval()
+    ids = random_ids(1, MAX_POSITIONS + 3)
+    hf_logging.enable_propagation()
+    try:
+        for name, call in (("backbone", model.adapter.model.generate), ("memory", model.generate)):
+            logging.Logger.warning_once.cache_clear()  # transformers prints each message once per process
+            caplog.clear()
+            with caplog.at_level(logging.WARNING):
+                call(input_ids=ids[:, : MAX_POSITIONS + 1] if name == "backbone" else ids, **no_eos(2))
+            reminded = "exceeded the model's predefined maximum length" in caplog.text
+            assert reminded == (name == "backbone"), name
+    finally:
+        hf_logging.disable_propagation()
