@@ -3,6 +3,8 @@ project's own numbers: rolling log-likelihood = -sum of `token_nll`, generation 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from longcontext_tiny import tiny_llama, tiny_tokenizer
@@ -89,6 +91,29 @@ def test_registered_model_type_builds_backbone_and_adapter_from_model_args(tmp_p
     out = simple_evaluate(model="hmt-adapters", model_args=f"pretrained={backbone},adapter={adapter}",
                           tasks=["hmt_book"], task_manager=TaskManager(include_path=folder, include_defaults=False),
                           log_samples=True, bootstrap_iters=0)
+    ids = [tok.bos_token_id] + tok(texts[0], add_special_tokens=False)["input_ids"]
+    expected = -float(token_nll(model, torch.tensor(ids)).double().sum())
+    assert out["samples"]["hmt_book"][0]["resps"][0][0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_exported_tasks_hold_no_absolute_paths_and_run_after_the_folder_moves(tmp_path, monkeypatch):
+    """The YAMLs name their data relative to the folder: moved elsewhere and run from another directory, the task
+    still scores the same documents (the project's NLL)."""
+    import shutil
+
+    tok = tiny_tokenizer()
+    model = _model(tok)
+    texts = [tok.decode(make_samples("passkey", tok, 160, 1, haystack="repeat")[0].input_ids)]
+    written = write_lm_eval_tasks(str(tmp_path / "written"), {}, tok, books={"book": texts})
+    for name in os.listdir(written):
+        with open(os.path.join(written, name)) as fh:
+            assert str(tmp_path) not in fh.read(), name
+    moved = shutil.move(written, str(tmp_path / "elsewhere" / "tasks"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    out = simple_evaluate(model=MemoryLM(model, tokenizer=tok), tasks=["hmt_book"],
+                          task_manager=TaskManager(include_path=moved, include_defaults=False), log_samples=True,
+                          bootstrap_iters=0)
     ids = [tok.bos_token_id] + tok(texts[0], add_special_tokens=False)["input_ids"]
     expected = -float(token_nll(model, torch.tensor(ids)).double().sum())
     assert out["samples"]["hmt_book"][0]["resps"][0][0] == pytest.approx(expected, rel=1e-6)

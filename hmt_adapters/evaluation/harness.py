@@ -118,24 +118,47 @@ def process_results(doc: Mapping[str, Any], results: Sequence[str]) -> dict[str,
     return {"score": score(doc["metric"], results[0], list(doc["answers"]))}
 
 
+def task_dataset(data_file: str, **_: Any) -> Any:
+    """The test split of an exported task's JSONL file (the `custom_dataset` hook of `write_lm_eval_tasks`' YAMLs)."""
+    import datasets
+
+    return datasets.load_dataset("json", data_files={"test": data_file})
+
+
+HOOKS = '''"""lm-eval hooks of the tasks in this folder (written by hmt_adapters.evaluation.harness.write_lm_eval_tasks).
+Data files are named relative to this folder, so it can be moved or shared."""
+
+import os
+
+from hmt_adapters.evaluation.harness import process_results, task_dataset  # noqa: F401
+
+
+def dataset(data_file, **metadata):
+    return task_dataset(os.path.join(os.path.dirname(os.path.abspath(__file__)), data_file), **metadata)
+'''
+
+
 def _yaml(name: str, data_file: str, body: str) -> str:
+    """A task's YAML; its data file is named relative to the folder (read by the folder's `hmt_hooks.dataset`)."""
     return (
-        f"task: {TASK_PREFIX}{name}\ntag:\n  - hmt_longcontext\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-        f"    test: {json.dumps(os.path.abspath(data_file))}\ntest_split: test\n{body}metadata:\n  version: 1.0\n"
+        f"task: {TASK_PREFIX}{name}\ntag:\n  - hmt_longcontext\ncustom_dataset: !function hmt_hooks.dataset\n"
+        f"dataset_kwargs:\n  data_file: {json.dumps(os.path.basename(data_file))}\ntest_split: test\n{body}"
+        "metadata:\n  version: 1.0\n"
     )
 
 
 def write_lm_eval_tasks(folder: str, samples: Mapping[str, Sequence[Sample]], tokenizer: PreTrainedTokenizerBase,
                         books: Mapping[str, Sequence[str]] | None = None) -> str:
     """Write lm-eval tasks `hmt_<name>` into `folder` (a YAML and a JSONL file each, plus the scoring hook) and return
-    `folder` for `TaskManager(include_path=...)`.
+    `folder` for `TaskManager(include_path=...)`. The YAMLs name their data files relative to `folder` (no absolute
+    paths), so the folder can be moved or shared.
 
     `samples`: generation tasks (prompt text = the decoded sample; lm-eval re-tokenizes it, so its length in tokens
     may differ from `Sample.length` by a few tokens at piece joins); `books`: rolling log-likelihood tasks over texts
     (word/byte perplexity, bits per byte)."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "hmt_hooks.py"), "w") as fh:
-        fh.write("from hmt_adapters.evaluation.harness import process_results  # noqa: F401\n")
+        fh.write(HOOKS)
     for name, group in samples.items():
         if not group:
             raise ValueError(f"Task {name!r} has no samples.")
