@@ -117,3 +117,29 @@ def test_exported_tasks_hold_no_absolute_paths_and_run_after_the_folder_moves(tm
     ids = [tok.bos_token_id] + tok(texts[0], add_special_tokens=False)["input_ids"]
     expected = -float(token_nll(model, torch.tensor(ids)).double().sum())
     assert out["samples"]["hmt_book"][0]["resps"][0][0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_hmt_lm_eval_command_is_lm_evals_cli_with_the_model_type(tmp_path, monkeypatch, capsys):
+    """pyproject's `hmt-lm-eval` script runs lm-eval's own command line with `--model hmt-adapters` known (lm-eval
+    0.4 has no entry point for external model types)."""
+    import importlib
+    import sys
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as fh:
+        target = tomllib.load(fh)["project"]["scripts"]["hmt-lm-eval"]
+    module, func = target.split(":")
+    tok = tiny_tokenizer()
+    model = _model(tok)
+    backbone, adapter = tmp_path / "backbone", tmp_path / "adapter"
+    model.backbone.save_pretrained(backbone)
+    tok.save_pretrained(backbone)
+    model.save_pretrained(str(adapter))
+    texts = [tok.decode(make_samples("passkey", tok, 160, 1, haystack="repeat")[0].input_ids)]
+    folder = write_lm_eval_tasks(str(tmp_path / "tasks"), {}, tok, books={"book": texts})
+    monkeypatch.setattr(sys, "argv", [
+        "hmt-lm-eval", "--model", "hmt-adapters", "--model_args", f"pretrained={backbone},adapter={adapter}",
+        "--tasks", "hmt_book", "--include_path", folder, "--device", "cpu", "--batch_size", "1",
+    ])
+    getattr(importlib.import_module(module), func)()
+    assert "hmt_book" in capsys.readouterr().out
