@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+
+from hmt_adapters.backbones.family import INTERFACE_NAME
 
 VOCAB = 128
 MAX_POSITIONS = 64
@@ -120,6 +123,17 @@ REFUSED = {
     "falcon_mamba": "no attention layers",
     "rwkv": "no attention layers",
 }
+
+
+def bypasses_attention_interface(family: str) -> bool:
+    """Whether the installed transformers runs this family's attention outside its attention interface."""
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    return not hasattr(module, INTERFACE_NAME)
+
+
+# transformers 5.24 moved GPT-J and CodeGen onto the attention interface; on earlier releases they are refused
+RELEASE_DEPENDENT = ("gptj", "codegen")
+REFUSED.update({f: "attention interface" for f in RELEASE_DEPENDENT if bypasses_attention_interface(f)})
 
 
 # hybrids: the layers with attention, which attention-level memory must be given explicitly

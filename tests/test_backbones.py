@@ -107,7 +107,10 @@ class _QuerySpy(AttentionContext):
         return call.run()
 
 
-@pytest.mark.parametrize("family", ["llama", "phi3", "gpt_neox", "gpt_bigcode", "gptj", "codegen", "glm"])
+QUERY_LAYOUTS = ["llama", "phi3", "gpt_neox", "gpt_bigcode", "gptj", "codegen", "glm"]
+
+
+@pytest.mark.parametrize("family", [f for f in QUERY_LAYOUTS if f not in REFUSED])  # GPT-J/CodeGen: from 5.24
 def test_the_query_projection_is_the_one_the_attention_applies(family):
     """TRAMS scores memory with `layer_query`'s `W_q` and pre-attention norm: on families whose queries are a plain
     projection, `W_q norm(h) + b_q` is the query the attention receives (fused `qkv_proj` rows as [q; k; v] in Phi-3,

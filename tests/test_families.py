@@ -13,12 +13,13 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 import hmt_adapters as ha
 from cases import METHOD_CASES
 from families import (
-    FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone, layer_overrides,
-    memory_read_error,
+    FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, RELEASE_DEPENDENT, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone,
+    layer_overrides, memory_read_error,
 )
 
 SEGMENT = 8
@@ -174,9 +175,14 @@ def test_the_readme_support_matrix_is_this_matrix():
     outcomes and, per family, whether memory reads were checked exact."""
     with open(MATRIX_JSON) as f:
         recorded = json.load(f)
-    expected = {f"{m}/{f}": ("refused" if expected_refusal(m, f) else "yes") for m, f in CELLS}
-    assert {key: cell["outcome"] for key, cell in recorded["cells"].items()} == expected
+    # the file is this matrix on the release it records; on another release, the families whose outcome depends on
+    # the release (tests/families.py RELEASE_DEPENDENT) are compared only where it records them
+    other = () if recorded["transformers"] == transformers.__version__ else RELEASE_DEPENDENT
+    expected = {f"{m}/{f}": ("refused" if expected_refusal(m, f) else "yes") for m, f in CELLS if f not in other}
+    cells = {key: cell["outcome"] for key, cell in recorded["cells"].items() if key.split("/")[1] not in other}
+    assert cells == expected
     reads = {f: "exact" for f in MEMORY_READ_FAMILIES}
     reads.update({f: "refused" for f in REFUSED})
     reads.update({f: "state outside attention" for f in STATE_OUTSIDE_ATTENTION})
-    assert {f: entry["outcome"] for f, entry in recorded["memory_reads"].items()} == reads
+    recorded_reads = {f: entry["outcome"] for f, entry in recorded["memory_reads"].items() if f not in other}
+    assert recorded_reads == {f: outcome for f, outcome in reads.items() if f not in other}
