@@ -108,6 +108,15 @@ def build_model(base: torch.nn.Module, method: str, segment_length: int, max_seg
     return ha.wrap_with_memory(base, method, segment_length=segment_length, freeze_backbone=freeze_backbone, **kwargs)
 
 
+def load_for_training(base: torch.nn.Module, adapter: str, freeze_backbone: bool) -> ha.MemoryModel:
+    """A saved adapter on `base`, ready to train on: memory and LoRA (peft) weights trainable, the backbone's own
+    weights trainable unless `freeze_backbone`."""
+    model = ha.MemoryModel.from_pretrained(base, adapter, is_trainable=True)  # memory + peft weights trainable
+    if not freeze_backbone:  # a tiny backbone trained from scratch trains on
+        model.backbone.requires_grad_(True)
+    return model
+
+
 def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
     """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at
     least 1)."""
@@ -230,8 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seg = args.segment_length
     longest = max(args.levels + args.eval_segments)
     if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
-        model = ha.MemoryModel.from_pretrained(base, os.path.join(args.init_from, "adapter"), is_trainable=True)
-        model.backbone.requires_grad_(not freeze)
+        model = load_for_training(base, os.path.join(args.init_from, "adapter"), freeze)
         if model.memory_config.segment_length != seg:
             raise ValueError(f"--init-from {args.init_from} has segment_length {model.memory_config.segment_length}; "
                              f"pass --segment-length {model.memory_config.segment_length}, not {seg}.")

@@ -124,3 +124,14 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
     for n in ("2", "3"):
         assert again["accuracy"][n]["answer_nll"] == pytest.approx(report["accuracy"][n]["answer_nll"], abs=1e-5)
     assert again["steps"] == 0
+
+
+def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
+    from hmt_adapters.training import add_lora
+
+    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None, freeze_backbone=True)
+    model.save_pretrained(tmp_path)
+    loaded = recipe.load_for_training(add_lora(tiny_llama(len(tiny_tokenizer()))), str(tmp_path), freeze_backbone=True)
+    trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in trainable) and any(n.startswith("memory.") for n in trainable)
+    assert all("lora_" in n or n.startswith("memory.") for n in trainable)  # the backbone's own weights stay frozen
