@@ -151,6 +151,14 @@ def batch(task: str, tokenizer, length: int, size: int, seed: int, haystack: str
     return {"input_ids": torch.tensor(rows), "labels": torch.tensor(labels)}, positions
 
 
+def eval_chunk(batch_size: int, segment_length: int, vocab_size: int, logits_bytes: int = 2**30) -> int:
+    """Tokens per `MemoryModel.step` call when streaming a prompt for evaluation: 32 segments, fewer (at least one)
+    when that chunk's float32 logits (`batch x chunk x vocab`) would exceed `logits_bytes` (SmolLM2's 49,152-entry
+    vocabulary at batch 32 and 32 segments of 256 would be 52 GB)."""
+    fits = logits_bytes // (4 * batch_size * segment_length * vocab_size)
+    return segment_length * max(1, min(32, fits))
+
+
 @torch.no_grad()
 def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int,
                 progress: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         model = build_model(base, args.method, seg, longest, options, freeze)
     model.to(device).train()
+    vocab = model.backbone.get_output_embeddings().weight.shape[0]
     os.makedirs(args.output, exist_ok=True)
     report: dict[str, Any] = {"provenance": provenance(), "args": vars(args),
                               "method_options": {**recipe_options(args.method, seg, longest), **options},
@@ -281,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if step % args.eval_every:
             continue
         level, depth = stages[stage]
-        exact = exact_accuracy(model, on(fixed[stages[stage]]), 32 * seg)
+        exact = exact_accuracy(model, on(fixed[stages[stage]]), eval_chunk(args.eval_size, seg, vocab))
         history.append({"step": step, "segments": level, "depth": depth, "loss": loss.item(), "exact": exact,
                         "seconds": time.time() - start})
         save()
@@ -304,7 +313,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for n in sorted(set(args.levels + args.eval_segments)):
         begin = time.time()
         data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
-        hits, nll = answer_hits(model, on(data), 32 * seg, progress=f"eval {n} segments ({n * seg} tokens)")
+        hits, nll = answer_hits(model, on(data), eval_chunk(args.eval_samples, seg, vocab),
+                                progress=f"eval {n} segments ({n * seg} tokens)")
         hits, nll = hits.cpu(), nll.cpu()
         exact = hits.all(-1)
         report["accuracy"][str(n)] = {

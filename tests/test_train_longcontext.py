@@ -135,3 +135,9 @@ def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
     trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
     assert any("lora_" in n for n in trainable) and any(n.startswith("memory.") for n in trainable)
     assert all("lora_" in n or n.startswith("memory.") for n in trainable)  # the backbone's own weights stay frozen
+
+
+def test_eval_chunk_bounds_the_logits_of_a_step():
+    assert recipe.eval_chunk(32, 64, 512) == 32 * 64  # the tiny recipe: 32 segments per step, as before
+    assert recipe.eval_chunk(32, 256, 49152) == 256  # SmolLM2: one segment (1.6 GB of logits, not 52 GB)
+    assert recipe.eval_chunk(4, 256, 49152) == 5 * 256  # 1.0 GB
