@@ -205,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="lengths never trained on (16384 segments of 64 tokens = 1M tokens)")
     p.add_argument("--eval-samples", type=int, default=8, help="samples per evaluated length (needle depths 0 to 1)")
     p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop training after this much wall time (then save and evaluate as after --max-steps)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batch-tokens", type=int, default=4096,
                    help="at most this many tokens per training batch: longer levels take fewer samples")
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stages.insert(0, (args.levels[0], args.warmup_depth))
     fixed = {(n, d): batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack,
                            None if d is None else [d] * args.eval_size)[0] for n, d in stages}
-    history, stage, passed, start = report["history"], 0, 0, time.time()
+    history, stage, passed, start, steps_run = report["history"], 0, 0, time.time(), 0
     bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
         n, depth = stages[stage]
@@ -287,6 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        steps_run = step
+        if args.max_minutes is not None and time.time() - start >= 60 * args.max_minutes:
+            report["time_limit_reached"] = True
+            break
         if step % args.eval_every:
             continue
         level, depth = stages[stage]
@@ -302,8 +308,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif passed == 2:
             break
     bar.close()
-    report.update(last_level_trained=stages[stage][0], steps=history[-1]["step"] if history else 0,
-                  train_seconds=time.time() - start)
+    report.update(last_level_trained=stages[stage][0], steps=steps_run, train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))
     if not freeze:  # the adapter files hold the memory weights only; a backbone trained from scratch goes beside them
         model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
