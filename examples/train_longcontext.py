@@ -217,6 +217,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--advance-at", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
+    p.add_argument("--train-backbone", action="store_true",
+                   help="pretrained backbone: train all its weights too (full fine-tuning; the fine-tuned backbone is "
+                        "not saved: transformers refuses to serialise the GGUF-converted SmolLM2; the report keeps "
+                        "the accuracies)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--init-from", metavar="FOLDER",
                    help="continue from a previous run's --output (its adapter; for --model tiny also its backbone)")
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from hmt_adapters.backbones import smollm2
 
         base, tokenizer = smollm2()
-        freeze = True
+        freeze = not args.train_backbone
         if args.lora:
             base = add_lora(base)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bar.close()
     report.update(last_level_trained=stages[stage][0], steps=steps_run, train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))
-    if not freeze:  # the adapter files hold the memory weights only; a backbone trained from scratch goes beside them
+    if not freeze and args.model == "tiny":  # the adapter holds the memory weights only; the tiny backbone goes beside
         model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
         tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
     save()
