@@ -9,6 +9,7 @@
 #   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh eval   # long-context passkey 4k-128k; the RMT perplexity row
 #   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh more   # what the time left allows (see the step)
 #   then, on a second machine: setup-lite (carry .cache/gpu1), retry (carry .cache/gpu2): full fine-tuning runs
+# Ran in issue 27's session: setup, train, eval, then setup-lite, retry (`more` not run); results: docs/gpu_results.md.
 #
 # The trainings and evaluations of a step run as parallel processes on the one GPU (each is launch-bound at batch 1
 # or small batches; 16 CPU cores), each with a wall-time budget so the step ends inside the 10-minute command limit.
