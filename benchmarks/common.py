@@ -109,7 +109,8 @@ def provenance() -> dict:
     except OSError:
         commit = None
     return {
-        "git_commit": commit,
+        # $HMT_ADAPTERS_COMMIT wins where set: a copied tree's .git can be stale (the GPU machine's was)
+        "git_commit": os.environ.get("HMT_ADAPTERS_COMMIT") or commit or None,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,

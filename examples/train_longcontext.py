@@ -108,6 +108,15 @@ def build_model(base: torch.nn.Module, method: str, segment_length: int, max_seg
     return ha.wrap_with_memory(base, method, segment_length=segment_length, freeze_backbone=freeze_backbone, **kwargs)
 
 
+def load_for_training(base: torch.nn.Module, adapter: str, freeze_backbone: bool) -> ha.MemoryModel:
+    """A saved adapter on `base`, ready to train on: memory and LoRA (peft) weights trainable, the backbone's own
+    weights trainable unless `freeze_backbone`."""
+    model = ha.MemoryModel.from_pretrained(base, adapter, is_trainable=True)  # memory + peft weights trainable
+    if not freeze_backbone:  # a tiny backbone trained from scratch trains on
+        model.backbone.requires_grad_(True)
+    return model
+
+
 def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
     """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at
     least 1)."""
@@ -140,6 +149,14 @@ def batch(task: str, tokenizer, length: int, size: int, seed: int, haystack: str
         labels.append([IGNORE] * len(sample.input_ids) + answer)
         positions.append(sample.inserts[0].position)
     return {"input_ids": torch.tensor(rows), "labels": torch.tensor(labels)}, positions
+
+
+def eval_chunk(batch_size: int, segment_length: int, vocab_size: int, logits_bytes: int = 2**30) -> int:
+    """Tokens per `MemoryModel.step` call when streaming a prompt for evaluation: 32 segments, fewer (at least one)
+    when that chunk's float32 logits (`batch x chunk x vocab`) would exceed `logits_bytes` (SmolLM2's 49,152-entry
+    vocabulary at batch 32 and 32 segments of 256 would be 52 GB)."""
+    fits = logits_bytes // (4 * batch_size * segment_length * vocab_size)
+    return segment_length * max(1, min(32, fits))
 
 
 @torch.no_grad()
@@ -188,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="lengths never trained on (16384 segments of 64 tokens = 1M tokens)")
     p.add_argument("--eval-samples", type=int, default=8, help="samples per evaluated length (needle depths 0 to 1)")
     p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop training after this much wall time (then save and evaluate as after --max-steps)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batch-tokens", type=int, default=4096,
                    help="at most this many tokens per training batch: longer levels take fewer samples")
@@ -198,6 +217,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--advance-at", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
+    p.add_argument("--train-backbone", action="store_true",
+                   help="pretrained backbone: train all its weights too (full fine-tuning; the fine-tuned backbone is "
+                        "not saved: transformers refuses to serialise the GGUF-converted SmolLM2; the report keeps "
+                        "the accuracies)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--init-from", metavar="FOLDER",
                    help="continue from a previous run's --output (its adapter; for --model tiny also its backbone)")
@@ -223,21 +246,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from hmt_adapters.backbones import smollm2
 
         base, tokenizer = smollm2()
-        freeze = True
+        freeze = not args.train_backbone
         if args.lora:
             base = add_lora(base)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seg = args.segment_length
     longest = max(args.levels + args.eval_segments)
     if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
-        model = ha.MemoryModel.from_pretrained(base, os.path.join(args.init_from, "adapter"), is_trainable=True)
-        model.backbone.requires_grad_(not freeze)
+        model = load_for_training(base, os.path.join(args.init_from, "adapter"), freeze)
         if model.memory_config.segment_length != seg:
             raise ValueError(f"--init-from {args.init_from} has segment_length {model.memory_config.segment_length}; "
                              f"pass --segment-length {model.memory_config.segment_length}, not {seg}.")
     else:
         model = build_model(base, args.method, seg, longest, options, freeze)
     model.to(device).train()
+    vocab = model.backbone.get_output_embeddings().weight.shape[0]
     os.makedirs(args.output, exist_ok=True)
     report: dict[str, Any] = {"provenance": provenance(), "args": vars(args),
                               "method_options": {**recipe_options(args.method, seg, longest), **options},
@@ -256,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stages.insert(0, (args.levels[0], args.warmup_depth))
     fixed = {(n, d): batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack,
                            None if d is None else [d] * args.eval_size)[0] for n, d in stages}
-    history, stage, passed, start = report["history"], 0, 0, time.time()
+    history, stage, passed, start, steps_run = report["history"], 0, 0, time.time(), 0
     bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
         n, depth = stages[stage]
@@ -270,10 +293,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        steps_run = step
+        if args.max_minutes is not None and time.time() - start >= 60 * args.max_minutes:
+            report["time_limit_reached"] = True
+            break
         if step % args.eval_every:
             continue
         level, depth = stages[stage]
-        exact = exact_accuracy(model, on(fixed[stages[stage]]), 32 * seg)
+        exact = exact_accuracy(model, on(fixed[stages[stage]]), eval_chunk(args.eval_size, seg, vocab))
         history.append({"step": step, "segments": level, "depth": depth, "loss": loss.item(), "exact": exact,
                         "seconds": time.time() - start})
         save()
@@ -285,10 +312,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif passed == 2:
             break
     bar.close()
-    report.update(last_level_trained=stages[stage][0], steps=history[-1]["step"] if history else 0,
-                  train_seconds=time.time() - start)
+    report.update(last_level_trained=stages[stage][0], steps=steps_run, train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))
-    if not freeze:  # the adapter files hold the memory weights only; a backbone trained from scratch goes beside them
+    if not freeze and args.model == "tiny":  # the adapter holds the memory weights only; the tiny backbone goes beside
         model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
         tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
     save()
@@ -296,7 +322,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for n in sorted(set(args.levels + args.eval_segments)):
         begin = time.time()
         data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
-        hits, nll = answer_hits(model, on(data), 32 * seg, progress=f"eval {n} segments ({n * seg} tokens)")
+        hits, nll = answer_hits(model, on(data), eval_chunk(args.eval_samples, seg, vocab),
+                                progress=f"eval {n} segments ({n * seg} tokens)")
         hits, nll = hits.cpu(), nll.cpu()
         exact = hits.all(-1)
         report["accuracy"][str(n)] = {

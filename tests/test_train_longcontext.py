@@ -124,3 +124,28 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
     for n in ("2", "3"):
         assert again["accuracy"][n]["answer_nll"] == pytest.approx(report["accuracy"][n]["answer_nll"], abs=1e-5)
     assert again["steps"] == 0
+
+
+def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
+    from hmt_adapters.training import add_lora
+
+    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None, freeze_backbone=True)
+    model.save_pretrained(tmp_path)
+    loaded = recipe.load_for_training(add_lora(tiny_llama(len(tiny_tokenizer()))), str(tmp_path), freeze_backbone=True)
+    trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in trainable) and any(n.startswith("memory.") for n in trainable)
+    assert all("lora_" in n or n.startswith("memory.") for n in trainable)  # the backbone's own weights stay frozen
+
+
+def test_max_minutes_stops_training_then_saves_and_evaluates(tmp_path):
+    report = recipe.main(["--width", "32", "--max-steps", "50", "--max-minutes", "0", "--levels", "2",
+                          "--eval-segments", "3", "--batch-size", "2", "--eval-size", "2", "--eval-samples", "2",
+                          "--output", str(tmp_path)])
+    assert report["steps"] == 1 and report["time_limit_reached"]
+    assert (tmp_path / "adapter" / "memory_config.json").exists() and set(report["accuracy"]) == {"2", "3"}
+
+
+def test_eval_chunk_bounds_the_logits_of_a_step():
+    assert recipe.eval_chunk(32, 64, 512) == 32 * 64  # the tiny recipe: 32 segments per step, as before
+    assert recipe.eval_chunk(32, 256, 49152) == 256  # SmolLM2: one segment (1.6 GB of logits, not 52 GB)
+    assert recipe.eval_chunk(4, 256, 49152) == 5 * 256  # 1.0 GB
