@@ -38,7 +38,7 @@ from common import provenance, pyplot, write_result  # noqa: E402
 import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, accuracy_table, answer_rows, book_perplexity, make_samples  # noqa: E402
-from hmt_adapters.evaluation.harness import load_backbone, write_lm_eval_tasks  # noqa: E402
+from hmt_adapters.backbones.pretrained import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.zero_shot import SEGMENT_LENGTH, memory_policies, zero_shot_readers  # noqa: E402
 
 DEFAULT_ADAPTERS = ["hmt=examples/adapters/smollm2-hmt"]
@@ -159,7 +159,9 @@ def main() -> None:
                                                           result["book"]["ppl"][reader.name].items()), flush=True)
         path = write_result(args.name, result)
     plot(result, path.with_suffix(".png"))
-    if args.lm_eval_tasks:
+    if args.lm_eval_tasks:  # lm-eval is an optional extra: imported only when tasks are exported
+        from hmt_adapters.evaluation.harness import write_lm_eval_tasks
+
         print("lm-eval tasks:", write_lm_eval_tasks(args.lm_eval_tasks, exported, tokenizer))
 
 

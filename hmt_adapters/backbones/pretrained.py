@@ -71,3 +71,10 @@ def smollm2(
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     model.config._name_or_path = SMOLLM2_NAME  # what adapters record: portable, unlike the cache path
     return model, AutoTokenizer.from_pretrained(target)
+
+
+def load_backbone(pretrained: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """`"smollm2"` (the offline SmolLM2-135M, `smollm2()`) or a local/Hub causal LM path: `(model, tokenizer)`."""
+    if pretrained == "smollm2":
+        return smollm2(dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype), AutoTokenizer.from_pretrained(pretrained)

@@ -36,6 +36,7 @@ from lm_eval.models.huggingface import HFLM
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..backbones.pretrained import load_backbone
 from ..model import MemoryModel
 from ..training.evaluation import token_nll
 from .samples import Sample
@@ -43,15 +44,6 @@ from .scoring import score
 
 UNBOUNDED = 2**31 - 1  # lm-eval's `max_length` for a memory model: no window cuts the document or the prompt
 TASK_PREFIX = "hmt_"
-
-
-def load_backbone(pretrained: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """`"smollm2"` (the offline SmolLM2-135M, `hmt_adapters.backbones.smollm2`) or a local/Hub causal LM path."""
-    if pretrained == "smollm2":
-        from ..backbones import smollm2
-
-        return smollm2(dtype=dtype)
-    return AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype), AutoTokenizer.from_pretrained(pretrained)
 
 
 @register_model("hmt-adapters", "hmt_adapters")
