@@ -232,8 +232,8 @@ def save_rows(rows: list[dict]) -> dict:
 def provenance() -> dict:
     """The commit and machine a row ran on (benchmarks/common.py's record needs torch, which this script runs without)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, cwd=ROOT).stdout.strip())
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 ":(exclude)benchmarks/results"], capture_output=True, text=True, cwd=ROOT).stdout.strip())
     return {"git_commit": commit + ("+changes" if dirty else ""), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
