@@ -75,6 +75,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     The backbone (`base_model`, possibly a peft `PeftModel`) is frozen by default; `memory_parameters()` are the
     trainable memory weights. `save_pretrained` writes only the adapter (memory weights, config, LoRA if present).
+    `tokenizer` is the tokenizer that goes with the model, or None: `from_pretrained` and
+    `AutoMemoryModelForCausalLM` set it (docs/adapters.md, "The tokenizer"), you may set it, and `save_pretrained`
+    writes it into the adapter folder.
     """
 
     base_model_prefix = "backbone"
@@ -110,6 +113,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             self.generation_config = GenerationConfig.from_dict(causal_lm.generation_config.to_dict())
         param = next(causal_lm.parameters())
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
+        self.tokenizer: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`nn.Module.__call__`; a call with `fused_lm_head=True` (TRL's fused LM head, docs/training.md) sees
@@ -206,6 +210,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         for name, param in new.memory.named_parameters():
             param.requires_grad_(name in trainable)
         new.train(self.training)
+        new.tokenizer = self.tokenizer
         return new
 
     def init_memory(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
@@ -477,6 +482,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         is_main_process: bool = True,
         push_to_hub: bool = False,
         safe_serialization: bool = True,
+        tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
         """Write `memory_config.json`, `memory_adapter.safetensors` and (with peft) the peft adapter files, atomically.
@@ -486,22 +492,27 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
-        trainable weights under this model's key names, the only file `resume_from_checkpoint` reads.
+        trainable weights under this model's key names, the only file `resume_from_checkpoint` reads. `tokenizer`
+        (default: `self.tokenizer`, the one the model was loaded with) is saved into the same folder in the same swap,
+        so that `AutoMemoryModelForCausalLM`, `MemoryModel.from_pretrained` and `AutoTokenizer.from_pretrained(dir)`
+        find it.
         """
         if safe_serialization is not True:
             raise ValueError(f"hmt-adapters writes safetensors only; `safe_serialization` must be True, got {safe_serialization!r}.")
         push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", *hub.PUSH_KWARGS) if k in kwargs}
         hub.refuse_unknown("MemoryModel.save_pretrained", kwargs, ["state_dict", "is_main_process", "push_to_hub",
-                           "safe_serialization", "repo_id", *hub.PUSH_KWARGS], " (adapter files are never sharded or converted)")
+                           "safe_serialization", "tokenizer", "repo_id", *hub.PUSH_KWARGS],
+                           " (adapter files are never sharded or converted)")
+        tokenizer = self.tokenizer if tokenizer is None else tokenizer
         if push_kwargs and not push_to_hub:
             raise ValueError(f"{sorted(push_kwargs)} only apply with `push_to_hub=True`.")
         adapter_io.save_adapter(
             self, save_directory, state_dict=state_dict, is_main_process=is_main_process,
-            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory),
+            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory), tokenizer=tokenizer,
         )
         if push_to_hub and is_main_process:
             repo_id = push_kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
-            hub.push_adapter(self, repo_id, state_dict=state_dict, **push_kwargs)
+            hub.push_adapter(self, repo_id, state_dict=state_dict, tokenizer=tokenizer, **push_kwargs)
 
     @classmethod
     def from_pretrained(
@@ -538,15 +549,18 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         tags: list[str] | None = None,
         results: str | None = None,
         training: str | None = None,
+        tokenizer: Any = None,
         **kwargs: Any,
     ) -> Any:
         """Upload the adapter files and a generated model card to `repo_id` (transformers' keywords; `results` and
-        `training` are markdown sections of the card); returns the commit info."""
-        hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training"],
+        `training` are markdown sections of the card; `tokenizer`, default `self.tokenizer`, is uploaded with the
+        adapter); returns the commit info."""
+        hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training", "tokenizer"],
                            " (adapter files are never sharded)")
         return hub.push_adapter(
             self, repo_id, commit_message=commit_message, commit_description=commit_description, private=private,
             token=token, revision=revision, create_pr=create_pr, tags=tags, results=results, training=training,
+            tokenizer=self.tokenizer if tokenizer is None else tokenizer,
         )
 
     # ---- checks ----------------------------------------------------------------------------------------------
