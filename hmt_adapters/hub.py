@@ -73,7 +73,8 @@ def adapter_folder(
     """The local folder that holds the adapter `path_or_id` names.
 
     A local directory is used as it is; anything else must be a Hub repo id, whose adapter files (memory config and
-    weights, the peft adapter and tokenizer files when present) are downloaded into the HF cache by `snapshot_download`.
+    weights, the peft adapter and tokenizer files when present) are downloaded into the HF cache by
+    `snapshot_download`.
     """
     name = os.fspath(path_or_id)
     sub = (subfolder or "").strip("/")
