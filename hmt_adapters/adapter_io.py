@@ -17,7 +17,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint, hub
@@ -331,6 +331,7 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
             f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "
             "has them all); add them to the file or pass them as keyword arguments."
         )
+    meta["overridden"] = {k: (data.get(k), v) for k, v in overrides.items() if data.get(k) != v}  # (saved, given)
     return MemoryConfig.from_dict({**data, **overrides}), meta
 
 
@@ -350,14 +351,23 @@ def check_base(meta: dict[str, Any], adapter: BackboneAdapter, source: str) -> N
         )
 
 
-def _read_weights(folder: str) -> dict[str, torch.Tensor]:
+def _read_weights(folder: str, method: str) -> dict[str, torch.Tensor]:
+    """The memory weights in `folder`, refused when the file records another method than the folder's config."""
     path = os.path.join(folder, hub.WEIGHTS_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder!r} has no {hub.WEIGHTS_NAME}; is it a directory written by save_pretrained?")
     try:
+        with safe_open(path, framework="pt") as fh:
+            saved_by = (fh.metadata() or {}).get("method")
         weights = load_file(path)
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}); the adapter is corrupted.") from err
+    if saved_by is not None and saved_by != method:
+        raise ValueError(
+            f"{path} holds the weights of a '{saved_by}' memory adapter, but {CONFIG_NAME} in the same folder is for "
+            f"'{method}': the folder mixes the files of two adapters (e.g. one file copied over another save's). "
+            "Save the adapter again, or put back the weights file of this config."
+        )
     check_finite(weights, f"The memory weights {path}")
     return weights
 
@@ -422,13 +432,13 @@ def load_adapter(
     overrides = kwargs
     config, meta = read_adapter_config(folder, overrides, source)
     check_base(meta, get_backbone_adapter(base_model), source)
-    weights = _read_weights(folder)
+    weights = _read_weights(folder, config.method_name)
     if os.path.isfile(os.path.join(folder, hub.LORA_CONFIG_NAME)):
         if not inplace:
             base_model = copy.deepcopy(base_model)  # peft injects its layers into the model it is given
         base_model = _load_peft(base_model, folder, is_trainable)
     model = cls(base_model, config)
-    _load_memory_weights(model, weights, source, allow_missing=bool(overrides))
+    _load_memory_weights(model, weights, source, meta["overridden"], allow_missing=bool(overrides))
     model.tokenizer = load_tokenizer(folder, source)
     if is_trainable:
         model.train()
@@ -436,24 +446,52 @@ def load_adapter(
         for p in model.parameters():
             p.requires_grad_(False)
         model.eval()
+        model.frozen_for_inference = True
     return model
 
 
-def _load_memory_weights(model: "MemoryModel", weights: dict[str, torch.Tensor], source: str, allow_missing: bool) -> None:
+def _load_memory_weights(
+    model: "MemoryModel",
+    weights: dict[str, torch.Tensor],
+    source: str,
+    overridden: dict[str, tuple[Any, Any]],
+    allow_missing: bool,
+) -> None:
+    """Load the saved memory weights into `model`, or say why they do not fit: a backbone of another width, a config
+    override that changes the method's weights (`overridden`: field -> (saved, given)), or a config and a weights file
+    of two different saves."""
     expected = model.memory.state_dict()
     method = model.memory_config.method_name
+    given = ", ".join(f"{k}={v[1]!r} (saved: {v[0]!r})" for k, v in sorted(overridden.items()))
     for name, tensor in weights.items():
-        if name in expected and expected[name].shape != tensor.shape:
-            raise ValueError(
-                f"Adapter weight {name!r} has shape {tuple(tensor.shape)} but this backbone needs "
-                f"{tuple(expected[name].shape)}: the adapter was trained for a backbone with another hidden size "
-                f"(saved for embedding width {tensor.shape[-1]}, this backbone has {model.adapter.embed_dim})."
-            )
+        if name not in expected or expected[name].shape == tensor.shape:
+            continue
+        shapes = f"has shape {tuple(tensor.shape)} but this model needs {tuple(expected[name].shape)}"
+        width = model.adapter.embed_dim
+        if tensor.dim() and tensor.shape[-1] != width and expected[name].shape[-1] == width:
+            cause = (f"the adapter was trained for a backbone of another width (embedding width {tensor.shape[-1]}, "
+                     f"this backbone has {width})")
+        elif overridden:
+            cause = (f"the override(s) {given} change the shape of trained weights; leave them out to load the "
+                     "adapter as it was trained")
+        else:
+            cause = (f"the adapter's {CONFIG_NAME} and {hub.WEIGHTS_NAME} come from different saves (the config "
+                     "gives other shapes than the weights have); save the adapter again")
+        raise ValueError(f"Adapter weight {name!r} of {source!r} {shapes}: {cause}.")
     missing, unexpected = model.memory.load_state_dict(
         {k: v.to(expected[k].dtype) if k in expected else v for k, v in weights.items()}, strict=False
     )
+    if unexpected and overridden:
+        raise ValueError(
+            f"The adapter at {source!r} holds trained weights {sorted(unexpected)} that {method} does not build with "
+            f"the override(s) {given}: loading would drop them. Leave out the override(s) to keep them (e.g. a "
+            "stage-2 HMT adapter is trained with retrieval: load it with its saved `use_retrieval`)."
+        )
     if unexpected:
-        raise ValueError(f"The adapter at {source!r} holds weights {sorted(unexpected)} that {method} does not have.")
+        raise ValueError(
+            f"The adapter at {source!r} holds weights {sorted(unexpected)} that {method} with its saved config does "
+            f"not have: {CONFIG_NAME} and {hub.WEIGHTS_NAME} come from different saves; save the adapter again."
+        )
     if missing and not allow_missing:
         raise ValueError(f"The adapter at {source!r} lacks weights {sorted(missing)} of {method}.")
     if missing:

@@ -58,7 +58,16 @@ def load_base_model(name: str, dtype: torch.dtype | None = None, **kwargs: Any) 
                 f"The adapter's base model {name!r} is neither a local directory here nor a Hub repo id (known names: "
                 f"{sorted(KNOWN_BASES)}); load the base yourself and call MemoryModel.from_pretrained(base, adapter)."
             ) from None
-    return AutoModelForCausalLM.from_pretrained(name, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
+    except OSError as err:  # transformers' own message ("couldn't connect", "not a valid model") names no adapter
+        if os.path.isdir(name):
+            raise
+        raise OSError(
+            f"The adapter's base model {name!r} (`base_model_name_or_path` in its {CONFIG_NAME}) could not be loaded "
+            f"from the Hub or the local cache: {err} Download it once while online (or pass `cache_dir`/`token`), or "
+            "load the base yourself and call MemoryModel.from_pretrained(base, adapter)."
+        ) from err
 
 
 def load_base_tokenizer(name: str, **kwargs: Any) -> PreTrainedTokenizerBase | None:

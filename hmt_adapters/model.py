@@ -114,6 +114,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         param = next(causal_lm.parameters())
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
         self.tokenizer: Any = None
+        self.frozen_for_inference = False  # set by `from_pretrained` without `is_trainable` (see `_check_trainable`)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`nn.Module.__call__`; a call with `fused_lm_head=True` (TRL's fused LM head, docs/training.md) sees
@@ -261,6 +262,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if cache is not None:
             return self._read_for_generation(input_ids, attention_mask, cache)
         ids, mask = self._check_inputs(input_ids, attention_mask)
+        self._check_trainable(labels)
         packing = Packing.of(mask)
         targets = None
         if labels is not None:
@@ -302,6 +304,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         grows past one chunk.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
+        self._check_trainable(labels)
         if state is None:
             state = self.init_memory(ids.shape[0], ids.device)
         self._check_state(state, ids.shape[0])
@@ -590,6 +593,22 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             shape = tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__
             raise ValueError(f"`labels` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
         return labels.to(input_ids.device).long()
+
+    def _check_trainable(self, labels: Any) -> None:
+        """Refuse a training loss (labels, train mode, gradients on) on a model `from_pretrained` froze for inference
+        while nothing was unfrozen since: its `backward` would fail with torch's "element 0 of tensors does not
+        require grad", which does not say why (docs/adapters.md, "Eval mode by default")."""
+        if labels is None or not self.training or not torch.is_grad_enabled() or not self.frozen_for_inference:
+            return
+        if any(p.requires_grad for p in self.parameters()):
+            return
+        raise RuntimeError(
+            "No parameter of this model requires grad: it was loaded for inference (MemoryModel.from_pretrained and "
+            "AutoMemoryModelForCausalLM freeze the memory and LoRA weights by default, as peft does), so this "
+            "training loss would fail in backward ('element 0 of tensors does not require grad'). Load it with "
+            "`is_trainable=True` to train it; to compute a loss without training, use `model.eval()` or "
+            "`torch.no_grad()`."
+        )
 
     def _state_signature(self) -> dict[str, Any]:
         """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""

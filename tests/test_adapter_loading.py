@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from peft import IA3Config, LoHaConfig, LoraConfig, PromptTuningConfig, get_peft_model
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, pipeline
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, pipeline
 
 import hmt_adapters as ha
 from hmt_adapters import adapter_io, auto
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
 from hmt_adapters.config import MemoryConfig
+from hmt_adapters.data import WindowCollator
 from longcontext_tiny import tiny_llama, tiny_tokenizer
 from test_hub import hub_cache
 from tiny import random_ids, tiny_backbone
@@ -343,3 +346,63 @@ def test_a_save_with_a_tokenizer_replaces_the_tokenizer_files_of_an_earlier_one(
     with pytest.raises(TypeError, match="`tokenizer` must be a tokenizer with `save_pretrained` .* got str"):
         model.save_pretrained(tmp_path / "adapter", tokenizer="gpt2")
 
+
+
+# ---- errors that name the real cause --------------------------------------------------------------------------------
+
+
+def test_a_weights_file_of_another_method_is_named_as_such(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2).save_pretrained(
+        tmp_path / "rmt")
+    ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT).save_pretrained(tmp_path / "hmt")
+    shutil.copy(tmp_path / "hmt" / "memory_adapter.safetensors", tmp_path / "rmt" / "memory_adapter.safetensors")
+    with pytest.raises(ValueError, match=r"holds the weights of a 'hmt' memory adapter, but memory_config.json in "
+                                         r"the same folder is for 'rmt': the folder mixes the files of two adapters"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "rmt")
+
+
+def test_a_shape_changing_override_or_config_is_blamed_not_the_backbone_width(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2).save_pretrained(tmp_path)
+    message = r"shape \(2, 32\) but this model needs \(3, 32\): the override\(s\) num_memory_tokens=3 \(saved: 2\)"
+    with pytest.raises(ValueError, match=message) as err:
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path, num_memory_tokens=3)
+    assert "width" not in str(err.value)
+    edit_config(tmp_path, num_memory_tokens=3)
+    with pytest.raises(ValueError, match="memory_config.json and memory_adapter.safetensors come from different"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path)
+
+
+def test_a_stage_2_hmt_adapter_loaded_without_retrieval_names_the_override(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT, use_retrieval=True).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"holds trained weights \[.*'retrieval\..*\] that hmt does not build with "
+                                         r"the override\(s\) use_retrieval=False \(saved: True\): loading would drop"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path, use_retrieval=False)
+    assert ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path).memory_config.use_retrieval
+
+
+def test_an_offline_base_that_is_not_cached_is_named(tmp_path):
+    base = tiny_backbone("llama")
+    base.config._name_or_path = "org/base-not-in-the-cache"
+    ha.wrap_with_memory(base, "rmt", segment_length=8).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(OSError, match=r"The adapter's base model 'org/base-not-in-the-cache' \(`base_model_name_or_"
+                                      r"path` in its memory_config.json\) could not be loaded from the Hub or"):
+        ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter", cache_dir=tmp_path / "empty-cache",
+                                                      local_files_only=True)
+
+
+def test_training_a_model_loaded_for_inference_says_to_pass_is_trainable(tmp_path):
+    lora_hmt().save_pretrained(tmp_path / "adapter")
+    model = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "adapter")
+    data = Dataset.from_dict({"input_ids": random_ids(4, 24).tolist()})
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2, report_to="none",
+                             use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=WindowCollator())
+    with pytest.raises(RuntimeError, match=r"loaded for inference .* Load it with `is_trainable=True` to train it"):
+        trainer.train()
+    ids = random_ids(2, 20)
+    with torch.no_grad():  # a loss without training still works, in train mode too
+        assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+    model.eval()
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+    trainable = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "adapter", is_trainable=True)
+    Trainer(model=trainable, args=args, train_dataset=data, data_collator=WindowCollator()).train()
