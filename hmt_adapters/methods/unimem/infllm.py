@@ -163,7 +163,8 @@ class InfLLM(MemoryMethod):
         local_k = torch.cat([tail_rot, call.key], dim=2)
         local_v = torch.cat([tail_v.to(dtype), call.value], dim=2)
         local_visible = torch.cat([tail_valid[:, None, None, :].expand(batch, own.shape[1], q_len, tail_len), own], -1)
-        logits = [head_scores(query * scaling, local_k).float().masked_fill(~local_visible, float("-inf"))]
+        logits = [head_scores(query * scaling, local_k).float()]
+        masks = [local_visible]
         values = [local_v]
 
         sinks_k, sinks_v = state[f"sink.k.{layer}"], state[f"sink.v.{layer}"]
@@ -183,15 +184,21 @@ class InfLLM(MemoryMethod):
                 g_k = torch.cat([g_k.expand(batch, -1, -1, -1), b_k], dim=2)
                 g_v = torch.cat([g_v.expand(batch, -1, -1, -1), b_v], dim=2)
                 g_m = torch.cat([g_m, b_m], dim=-1)
-            g_logits = head_scores(query_global * scaling, g_k.to(dtype)).float()
-            g_visible = self._head_mask(g_m, heads)[:, :, None, :]  # [B, 1|Hq, 1, G]
-            logits.insert(0, g_logits.masked_fill(~g_visible, float("-inf")))
+            logits.insert(0, head_scores(query_global * scaling, g_k.to(dtype)).float())
+            masks.insert(0, self._head_mask(g_m, heads)[:, :, None, :])  # [B, 1|Hq, 1, G]
             values.insert(0, g_v.to(dtype))
+        # one softmax over [global ; local], computed in place in one fp32 buffer (the largest tensor of a chunk)
+        probs = torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0].clone()
         softcap = call.kwargs.get("softcap")
-        if softcap:
-            logits = [torch.tanh(x / softcap) * softcap for x in logits]
-        probs = torch.softmax(torch.cat(logits, dim=-1), dim=-1)
-        probs = torch.nan_to_num(probs)  # a padding query that sees nothing
+        if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
+            probs = torch.tanh(probs / softcap) * softcap
+        start = 0
+        for part, mask in zip(logits, masks):
+            width = part.shape[-1]
+            probs[..., start : start + width].masked_fill_(~mask, torch.finfo(probs.dtype).min)
+            start += width
+        probs.sub_(probs.amax(-1, keepdim=True)).exp_()
+        probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding) gets a uniform row, no NaN
         out, start = 0, 0
         for v in values:
             width = v.shape[2]
