@@ -197,8 +197,11 @@ class InfLLM(MemoryMethod):
             width = part.shape[-1]
             probs[..., start : start + width].masked_fill_(~mask, torch.finfo(probs.dtype).min)
             start += width
-        probs.sub_(probs.amax(-1, keepdim=True)).exp_()
-        probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding) gets a uniform row, no NaN
+        if torch.is_grad_enabled() and probs.requires_grad:  # training through the backbone: autograd's softmax
+            probs = torch.softmax(probs, dim=-1)
+        else:
+            probs.sub_(probs.amax(-1, keepdim=True)).exp_()
+            probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding) gets a uniform row, no NaN
         out, start = 0, 0
         for v in values:
             width = v.shape[2]
