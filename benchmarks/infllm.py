@@ -33,7 +33,7 @@ from common import provenance  # noqa: E402
 from longcontext import parse_length  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
-from hmt_adapters.evaluation import TASKS, Reader, score  # noqa: E402
+from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
 
@@ -71,23 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     return p
-
-
-def retrieval_recall(model: ha.MemoryModel, sample, prompt_length: int) -> dict[str, Any] | None:
-    """Per layer, whether the block of every needle was retrieved by the call that read the prompt's last token."""
-    method = model.memory
-    trace = getattr(method, "trace", None)
-    if trace is None:
-        return None
-    spans = [(i.position, i.position + i.num_tokens) for i in sample.inserts]
-    found, blocks = {}, None
-    for layer, calls in trace.items():
-        call = next((c for c in calls if c["end"] == prompt_length), None)
-        if call is None:
-            continue
-        blocks = call["blocks"]
-        found[str(layer)] = all(method.span_retrieved(call, start, end) for start, end in spans)
-    return {"per_layer": found, "layers_found": sum(found.values()), "layers": len(found), "blocks": blocks}
 
 
 def main() -> None:
@@ -144,7 +127,7 @@ def main() -> None:
                            "config": configs[reader.name], "commit": commit, "machine": machine,
                            "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
                     if isinstance(reader.model, ha.MemoryModel):
-                        row["recall"] = retrieval_recall(reader.model, sample, length)
+                        row["recall"] = retrieval_recall(reader.model, sample)
                         reader.model.memory.trace = {}
                     append_record(args.out, row)
                     done.add(key)

@@ -208,3 +208,20 @@ def test_records_accumulate_without_duplicates_and_wilson_intervals(tmp_path):
     assert abs(low - 0.2366) < 1e-4 and abs(high - 0.7634) < 1e-4
     with pytest.raises(ValueError, match="seed"):
         record_key({k: v for k, v in row.items() if k != "seed"})
+
+
+@pytest.mark.parametrize("topk, found", [(0, False), (64, True)])
+def test_retrieval_recall_per_layer_at_the_question(topk, found):
+    from hmt_adapters.evaluation import Insert, Sample, retrieval_recall
+
+    model = wrap(backbone(), topk_blocks=topk)
+    ids = random_ids(1, 250, seed=6)
+    sample = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("needle", 0.2, position=40, num_tokens=5)], "none")
+    model.memory.trace = {}
+    model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    recall = retrieval_recall(model, sample)
+    # the needle (tokens 40-44) lies in a block: only retrieval can bring it back (all blocks with a large top-k)
+    assert recall["layers"] == 2 and recall["per_layer"] == {"0": found, "1": found}
+    assert recall["blocks"] == (240 - 64 - 8) // 8  # 240 tokens closed before the question chunk was read
+    inside = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("n", 0.9, position=240, num_tokens=5)], "none")
+    assert retrieval_recall(model, inside)["layers_found"] == 2  # in the local window: always readable

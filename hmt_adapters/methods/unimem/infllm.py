@@ -92,7 +92,7 @@ class InfLLM(MemoryMethod):
             if pos >= call["local_from"] or pos < call["sinks"]:
                 continue
             block = (pos - call["sinks"]) // self.block
-            if not all(block in chosen for chosen in call["selected"]):
+            if not call["selected"] or not all(block in chosen for chosen in call["selected"]):
                 return False
         return True
 
