@@ -225,3 +225,18 @@ def test_retrieval_recall_per_layer_at_the_question(topk, found):
     assert recall["blocks"] == (240 - 64 - 8) // 8  # 240 tokens closed before the question chunk was read
     inside = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("n", 0.9, position=240, num_tokens=5)], "none")
     assert retrieval_recall(model, inside)["layers_found"] == 2  # in the local window: always readable
+
+
+def test_a_padded_row_reads_as_it_reads_alone():
+    model = wrap(backbone())
+    ids = random_ids(2, 230, seed=9)
+    mask = torch.ones_like(ids)
+    mask[1, 150:] = 0  # row 1 ends inside a chunk: its padding queries must not move the chunk's mean query
+    with torch.no_grad():
+        both = model(input_ids=ids, attention_mask=mask).logits
+        alone = model(input_ids=ids[1:, :150]).logits
+    torch.testing.assert_close(both[1, :150], alone[0], atol=1e-5, rtol=1e-5)
+    left = torch.ones_like(ids)
+    left[1, :80] = 0  # left padding in generation
+    out = model.generate(ids, attention_mask=left, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(out[1, -4:], model.generate(ids[1:, 80:], max_new_tokens=4, do_sample=False, pad_token_id=0)[0, -4:])

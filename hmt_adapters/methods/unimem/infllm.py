@@ -98,9 +98,9 @@ class InfLLM(MemoryMethod):
 
     # ---- reading -------------------------------------------------------------------------------------------
 
-    def _attend(self, layer: int, state: State):
+    def _attend(self, layer: int, state: State, mask: torch.Tensor):
         def attend(call: AttentionCall, context: AttentionContext):
-            return self.read(layer, state, call, context)
+            return self.read(layer, state, call, context, mask)
 
         return attend
 
@@ -144,9 +144,11 @@ class InfLLM(MemoryMethod):
             valid.append(torch.stack(per_head_m, dim=0))
         return torch.stack(keys), torch.stack(values), torch.stack(valid)
 
-    def read(self, layer: int, state: State, call: AttentionCall, context: AttentionContext):
+    def read(self, layer: int, state: State, call: AttentionCall, context: AttentionContext,
+             segment_mask: torch.Tensor | None = None):
         """The layer's attention output `([B, q, Hq, D], None)` over global (sinks + retrieved blocks, at distance
-        W) and local (tail at true distances + the chunk, causal) keys, one softmax."""
+        W) and local (tail at true distances + the chunk, causal) keys, one softmax. `segment_mask` `[B, L]` marks
+        the segment's real tokens: padding queries do not count in the chunk's mean query."""
         query = call.query  # [B, Hq, q, D], rotated at the window positions of this call
         batch, heads, q_len, dim = query.shape
         dtype = query.dtype
@@ -175,7 +177,9 @@ class InfLLM(MemoryMethod):
             rope = context.call_rope(call)
             query_pre = context.pre_rope(call, query) if rope is not None else query
             query_global = self._rotate_by(context, query_pre, self.window)
-            query_valid = own.any(1).any(-1)  # [B, q] queries of real tokens
+            query_valid = torch.ones(batch, q_len, dtype=torch.bool, device=query.device)
+            if segment_mask is not None and segment_mask.shape[1] == q_len:  # the segment's own call (not decoding)
+                query_valid = segment_mask.bool().to(query.device)
             chosen = self.select_blocks(layer, state, query_global, query_valid)
             g_k, g_v, g_m = sinks_k, sinks_v, state["sink.valid"][:, None, :]
             if chosen is not None:
@@ -239,7 +243,7 @@ class InfLLM(MemoryMethod):
 
     def prepare(self, segment: Segment, state: State, plan) -> Layout:
         context = AttentionContext(
-            reads={i: self._attend(i, state) for i in self.layers},
+            reads={i: self._attend(i, state, segment.mask) for i in self.layers},
             record_layers=frozenset(self.layers),
             rotary=self.backbone.rotary,
         )
