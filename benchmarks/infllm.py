@@ -120,8 +120,9 @@ def main() -> None:
                     new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
                     seconds = time.perf_counter() - start
                     prediction = tokenizer.decode(new, skip_special_tokens=True)
+                    correct = score(sample.extra["metric"], prediction, sample.answers)
                     row = {"reader": reader.name, "seed": seed, **sample.record(), "depth": depth,
-                           "prediction": prediction, "score": score(sample.extra["metric"], prediction, sample.answers),
+                           "prediction": prediction, "score": correct,
                            "seconds": seconds, "seconds_per_1k_tokens": 1000 * seconds / length,
                            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                            "config": configs[reader.name], "commit": commit, "machine": machine,

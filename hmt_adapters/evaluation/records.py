@@ -88,17 +88,21 @@ def cell_table(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[int, 
     return out
 
 
+def _cell(cell: dict[str, float]) -> str:
+    return f"{cell['accuracy']:.2f} (n={cell['samples']}, [{cell['low']:.2f}, {cell['high']:.2f}])"
+
+
 def markdown_tables(rows: Sequence[dict[str, Any]]) -> str:
     """One markdown table per task: accuracy, samples and the 95% Wilson interval per reader and length."""
     table = cell_table(rows)
     lines = []
     for task, by_reader in table.items():
         lengths = sorted({c for v in by_reader.values() for c in v})
-        lines += [f"**{task}** (accuracy, samples n, 95% Wilson interval)", "",
-                  "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+        header = "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |"
+        lines += [f"**{task}** (accuracy, samples n, 95% Wilson interval)", "", header,
+                  "|---" * (len(lengths) + 1) + "|"]
         for reader, cells in sorted(by_reader.items()):
-            lines.append(f"| `{reader}` | " + " | ".join(
-                f"{cells[c]['accuracy']:.2f} (n={cells[c]['samples']}, [{cells[c]['low']:.2f}, {cells[c]['high']:.2f}])"
-                if c in cells else "-" for c in lengths) + " |")
+            row = " | ".join(_cell(cells[c]) if c in cells else "-" for c in lengths)
+            lines.append(f"| `{reader}` | {row} |")
         lines.append("")
     return "\n".join(lines)

@@ -67,10 +67,11 @@ class InfLLM(MemoryMethod):
             "tail.valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
             "sink.valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
         }
+        empty_kv = (batch_size, b.num_kv_heads, 0, b.head_dim)
         for i in self.layers:
             for part in ("tail", "sink"):
-                state[f"{part}.k.{i}"] = torch.zeros(batch_size, b.num_kv_heads, 0, b.head_dim, device=device, dtype=store)
-                state[f"{part}.v.{i}"] = torch.zeros(batch_size, b.num_kv_heads, 0, b.head_dim, device=device, dtype=store)
+                state[f"{part}.k.{i}"] = torch.zeros(empty_kv, device=device, dtype=store)
+                state[f"{part}.v.{i}"] = torch.zeros(empty_kv, device=device, dtype=store)
             state[f"tail.score.{i}"] = torch.zeros(batch_size, b.num_heads, 0, device=device)
             state[f"repr.{i}"] = torch.zeros(batch_size, b.num_heads, 0, b.head_dim, device=device, dtype=store)
         return state
@@ -223,7 +224,7 @@ class InfLLM(MemoryMethod):
                 "blocks": num_blocks(state, layer),
                 "sinks": self.sinks if sinks_moved else 0,
                 "local_from": stored - tail_len,
-                "selected": [] if chosen is None else [sorted(set(chosen[0, h].tolist())) for h in range(chosen.shape[1])],
+                "selected": [] if chosen is None else [sorted(set(row.tolist())) for row in chosen[0]],
             })
         return out.transpose(1, 2).contiguous(), None
 
