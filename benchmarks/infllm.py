@@ -116,14 +116,15 @@ def main() -> None:
                         continue
                     if isinstance(reader.model, ha.MemoryModel):
                         reader.model.memory.trace = {}
-                    start = time.perf_counter()
+                    start, cpu_start = time.perf_counter(), time.process_time()
                     new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
-                    seconds = time.perf_counter() - start
+                    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
                     prediction = tokenizer.decode(new, skip_special_tokens=True)
                     correct = score(sample.extra["metric"], prediction, sample.answers)
                     row = {"reader": reader.name, "seed": seed, **sample.record(), "depth": depth,
                            "prediction": prediction, "score": correct,
                            "seconds": seconds, "seconds_per_1k_tokens": 1000 * seconds / length,
+                           "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
                            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                            "config": configs[reader.name], "commit": commit, "machine": machine,
                            "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
