@@ -73,10 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def cost_and_recall(rows: list[dict[str, Any]]) -> str:
+    """Per (reader, task, length): mean wall and CPU seconds per 1k prompt tokens (answer generation included), the
+    largest peak RSS seen, and, for memory readers, how many of the layers had every needle readable at the question
+    (retrieval recall@k per layer; mean and minimum over samples)."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["reader"], row["task"], int(row["length"])), []).append(row)
+    lines = ["| reader | task | length | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
+             "layers with the needle readable (mean, min) |", "|---" * 8 + "|"]
+    for (reader, task, length), group in sorted(cells.items()):
+        wall = sum(r["seconds_per_1k_tokens"] for r in group) / len(group)
+        cpu = [1000 * r["cpu_seconds"] / length for r in group if r.get("cpu_seconds") is not None]
+        rss = max(r.get("peak_rss_mb", 0) for r in group) / 1024
+        recall = [r["recall"] for r in group if r.get("recall")]
+        found = (f"{sum(x['layers_found'] for x in recall) / len(recall):.1f} / {recall[0]['layers']}, "
+                 f"{min(x['layers_found'] for x in recall)}" if recall else "-")
+        cpu_text = f"{sum(cpu) / len(cpu):.1f} (n={len(cpu)})" if cpu else "-"
+        lines.append(f"| `{reader}` | {task} | {length // 1024}k | {len(group)} | {wall:.1f} | {cpu_text} | "
+                     f"{rss:.2f} | {found} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     args = build_parser().parse_args()
     if args.table:
-        print(markdown_tables(load_records(args.out)))
+        rows = load_records(args.out)
+        print(markdown_tables(rows) + "\n" + cost_and_recall(rows))
         return
     if Path(args.out).exists() and not args.update:
         raise SystemExit(f"{args.out} exists: pass --update to add samples to it, or choose another --out.")
