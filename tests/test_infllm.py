@@ -242,3 +242,15 @@ def test_a_padded_row_reads_as_it_reads_alone():
     out = model.generate(ids, attention_mask=left, max_new_tokens=4, do_sample=False, pad_token_id=0)
     alone = model.generate(ids[1:, 80:], max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(out[1, -4:], alone[0, -4:])
+
+
+def test_query_slices_give_the_same_attention(monkeypatch):
+    from hmt_adapters.methods.unimem import infllm
+
+    model = wrap(backbone())
+    ids = random_ids(1, 230, seed=10)
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits
+        monkeypatch.setattr(infllm, "QUERY_SLICE_FLOATS", 4 * 100)  # a few queries per slice
+        sliced = model(input_ids=ids).logits
+    torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=1e-5)

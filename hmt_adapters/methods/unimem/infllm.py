@@ -32,6 +32,7 @@ from ...method import Layout, MemoryMethod, Segment, State
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
+QUERY_SLICE_FLOATS = 4 * 2**20  # 16 MB of fp32 logits per query slice
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -166,13 +167,9 @@ class InfLLM(MemoryMethod):
         local_k = torch.cat([tail_rot, call.key], dim=2)
         local_v = torch.cat([tail_v.to(dtype), call.value], dim=2)
         local_visible = torch.cat([tail_valid[:, None, None, :].expand(batch, own.shape[1], q_len, tail_len), own], -1)
-        logits = [head_scores(query * scaling, local_k).float()]
-        masks = [local_visible]
-        values = [local_v]
-
         sinks_k, sinks_v = state[f"sink.k.{layer}"], state[f"sink.v.{layer}"]
         has_blocks = num_blocks(state, layer) > 0
-        chosen = None
+        chosen, query_global, g_k, g_v, g_mask = None, None, None, None, None
         if sinks_k.shape[2] or has_blocks:
             # global part: the query rotated by W, stored keys unrotated (position 0): every entry at distance W
             rope = context.call_rope(call)
@@ -189,31 +186,33 @@ class InfLLM(MemoryMethod):
                 g_k = torch.cat([g_k.expand(batch, -1, -1, -1), b_k], dim=2)
                 g_v = torch.cat([g_v.expand(batch, -1, -1, -1), b_v], dim=2)
                 g_m = torch.cat([g_m, b_m], dim=-1)
-            logits.insert(0, head_scores(query_global * scaling, g_k.to(dtype)).float())
-            masks.insert(0, self._head_mask(g_m, heads)[:, :, None, :])  # [B, 1|Hq, 1, G]
-            values.insert(0, g_v.to(dtype))
-        # one softmax over [global ; local], computed in place in one fp32 buffer (the largest tensor of a chunk)
-        probs = torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0].clone()
-        softcap = call.kwargs.get("softcap")
-        if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
-            probs = torch.tanh(probs / softcap) * softcap
-        start = 0
-        for part, mask in zip(logits, masks):
-            width = part.shape[-1]
-            probs[..., start : start + width].masked_fill_(~mask, torch.finfo(probs.dtype).min)
-            start += width
-        if torch.is_grad_enabled() and probs.requires_grad:  # training through the backbone: autograd's softmax
-            probs = torch.softmax(probs, dim=-1)
-        else:
-            probs.sub_(probs.amax(-1, keepdim=True)).exp_()
-            probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding) gets a uniform row, no NaN
-        out, start = 0, 0
-        for v in values:
-            width = v.shape[2]
-            out = out + head_mix(probs[..., start : start + width].to(dtype), v)
-            start += width
+            g_k, g_v, g_mask = g_k.to(dtype), g_v.to(dtype), self._head_mask(g_m, heads)[:, :, None, :]
+        # Queries in slices whose fp32 logits stay under QUERY_SLICE_FLOATS: each slice's buffer is then reused by
+        # the allocator instead of being mapped and zeroed anew (on CPU that page-faulting cost as much as the math).
+        keys = local_k.shape[2] + (0 if g_k is None else g_k.shape[2])
+        rows = max(1, QUERY_SLICE_FLOATS // (batch * heads * keys))
+        outs, received = [], 0
+        for first in range(0, q_len, rows):
+            last_row = min(q_len, first + rows)
+            q = query[:, :, first:last_row]
+            logits = [head_scores(q * scaling, local_k).float()]
+            masks = [local_visible[:, :, first:last_row]]
+            values = [local_v]
+            if g_k is not None:
+                logits.insert(0, head_scores(query_global[:, :, first:last_row] * scaling, g_k).float())
+                masks.insert(0, g_mask)
+                values.insert(0, g_v)
+            probs = self._softmax(logits, masks, call.kwargs.get("softcap"))
+            out, start = 0, 0
+            for v in values:
+                width = v.shape[2]
+                out = out + head_mix(probs[..., start : start + width].to(dtype), v)
+                start += width
+            outs.append(out)
+            if layer in context.record_layers:
+                received = received + probs[..., start - local_k.shape[2] : start].sum(2)  # [B, Hq, tail + own]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         if layer in context.record_layers:  # closed segment: hand the local attention received to `update`
-            received = probs[..., start - local_k.shape[2] : start].sum(2)  # [B, Hq, tail + own]
             context.notes[layer] = (received[..., :tail_len], received[..., tail_len:][..., -q_len:])
         if self.trace is not None:
             positions = call.kwargs.get("position_ids")
@@ -227,6 +226,23 @@ class InfLLM(MemoryMethod):
                 "selected": [] if chosen is None else [sorted(set(row.tolist())) for row in chosen[0]],
             })
         return out.transpose(1, 2).contiguous(), None
+
+    @staticmethod
+    def _softmax(logits: list[torch.Tensor], masks: list[torch.Tensor], softcap: float | None) -> torch.Tensor:
+        """One fp32 softmax over the concatenated logit parts, each masked by its visibility (in place without
+        gradients; autograd's softmax when training through the backbone)."""
+        probs = torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0].clone()
+        if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
+            probs = torch.tanh(probs / softcap) * softcap
+        start = 0
+        for part, mask in zip(logits, masks):
+            width = part.shape[-1]
+            probs[..., start : start + width].masked_fill_(~mask, torch.finfo(probs.dtype).min)
+            start += width
+        if torch.is_grad_enabled() and probs.requires_grad:
+            return torch.softmax(probs, dim=-1)
+        probs.sub_(probs.amax(-1, keepdim=True)).exp_()
+        return probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding): a uniform row, no NaN
 
     def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
         """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
