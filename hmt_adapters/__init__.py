@@ -6,7 +6,7 @@ from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig
 from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
-from .methods.unimem import TRAMSConfig, UniMemConfig
+from .methods.unimem import InfLLMConfig, TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .auto import AutoMemoryModelForCausalLM
 from .outputs import MemoryCausalLMOutput, MemoryState
@@ -23,6 +23,7 @@ __all__ = [
     "MemoryModel",
     "MemoryState",
     "RMTConfig",
+    "InfLLMConfig",
     "TRAMSConfig",
     "UniMemConfig",
     "__version__",

@@ -215,6 +215,7 @@ class AttentionContext:
     records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     calls: int = 0
     layer: int | None = None  # the layer whose attention runs now (RoPE can differ per layer type)
+    notes: dict[int, Any] = field(default_factory=dict)  # per layer, what a method's read hands to its update
     _rope_ids: int | None = None
     _rope_cache: dict = field(default_factory=dict)
 

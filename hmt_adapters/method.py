@@ -59,6 +59,9 @@ class MemoryMethod(nn.Module):
 
     config_class: ClassVar[type[MemoryConfig]] = MemoryConfig
     needs_attention: ClassVar[bool] = False  # injects K/V into attention layers (needs an attention backbone)
+    # True: `update` itself handles rows without a real token (e.g. appends masked slots so that every row's store
+    # keeps one layout); the runtime then does not put such rows back to their old state.
+    updates_empty_rows: ClassVar[bool] = False
 
     def __init__(self, config: MemoryConfig, backbone: BackboneAdapter):
         super().__init__()

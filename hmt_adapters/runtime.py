@@ -218,7 +218,9 @@ class SegmentRuntime:
             count = (flat != IGNORE_INDEX).sum()
         new = tensors
         if self.memory_enabled and closes:
-            new = keep_rows(segment.real_rows, self.method.update(segment, tensors, layout, hidden), tensors)
+            new = self.method.update(segment, tensors, layout, hidden)
+            if not self.method.updates_empty_rows:
+                new = keep_rows(segment.real_rows, new, tensors)
         return ce, count, logits if keep_logits else None, new
 
     def assemble(self, segment: Segment, layout: Layout, suffix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,12 +3,12 @@ real-text haystacks, for memory models and their bare-backbone baselines; lm-eva
 (imported on its own: it needs the `eval` extra)."""
 
 from .haystack import HAYSTACKS, Haystack, load_haystack
-from .runner import Reader, accuracy_table, answer_rows, book_nll, book_perplexity
+from .runner import Reader, accuracy_table, answer_rows, book_nll, book_perplexity, retrieval_recall
 from .samples import Insert, Sample, build_sample
 from .scoring import METRICS, score
 from .tasks import TASKS, make_samples
 
 __all__ = [
     "HAYSTACKS", "Haystack", "Insert", "METRICS", "Reader", "Sample", "TASKS", "accuracy_table", "answer_rows",
-    "book_nll", "book_perplexity", "build_sample", "load_haystack", "make_samples", "score",
+    "book_nll", "book_perplexity", "build_sample", "load_haystack", "make_samples", "retrieval_recall", "score",
 ]

@@ -76,6 +76,27 @@ def answer_rows(readers: Sequence[Reader], samples: Sequence[Sample], tokenizer:
     return rows
 
 
+def retrieval_recall(model: torch.nn.Module, sample: Sample) -> dict[str, Any] | None:
+    """Retrieval recall@k per layer at the question, for a memory model whose method traces its block choices (the
+    `"infllm"` method with `model.memory.trace = {}` set before the prompt is read): per layer, whether every
+    insert (needle) of `sample` was readable by the call that read the prompt's last token: in its local window or
+    sinks, or in a retrieved block. None for models that trace nothing. It tells whether a failure is the scorer's
+    (the needle's block not retrieved) or the reader's (retrieved, answered wrong)."""
+    method = getattr(model, "memory", None)
+    trace = getattr(method, "trace", None)
+    if not trace:
+        return None
+    spans = [(i.position, i.position + i.num_tokens) for i in sample.inserts]
+    found, blocks = {}, None
+    for layer, calls in sorted(trace.items()):
+        call = next((c for c in calls if c["end"] == sample.length), None)
+        if call is None:
+            continue
+        blocks = call["blocks"]
+        found[str(layer)] = all(method.span_retrieved(call, start, end) for start, end in spans)
+    return {"per_layer": found, "layers_found": sum(found.values()), "layers": len(found), "blocks": blocks}
+
+
 def accuracy_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     """{task: {reader: {length: {"accuracy": mean score, "samples": n}}}} over the rows that ran."""
     scores: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))

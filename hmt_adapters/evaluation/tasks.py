@@ -1,6 +1,10 @@
 """The long-context tasks as sample generators over a real-text haystack, each sample exactly `length` tokens.
 
 - `passkey`: the passkey retrieval of Mohtashami & Jaggi (2023): a 5-digit key in the filler, asked at the end;
+  over the essay haystack it is harder than the standard form;
+- `passkey_standard`: the same task in the anchors' exact form (Landmark Attention's `run_test.py`, used by InfLLM):
+  repeated noise "The grass is green. ...", "The pass key is X. Remember it. X is the pass key.";
+- `niah_single_noise`: RULER's niah_single_1, the single needle in the same repeated noise;
 - `niah_single`, `niah_multikey`, `niah_multivalue`, `variable_tracking`: RULER's formats (Hsieh et al., 2024),
   with its templates, needle sentence and answer prefixes. They are generated here, not by lm-eval's RULER code:
   that code needs `wonderwords` and nltk's punkt data (not installable offline) and re-tokenizes the whole prompt
@@ -83,6 +87,25 @@ def passkey(tokenizer: PreTrainedTokenizerBase, length: int, *, seed: int = 0, d
                         task="passkey", answers=[key], query="pass key", extra={"metric": "first_number", "max_new_tokens": 8})
 
 
+LANDMARK_PASSKEY_HEAD = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there.\n"
+)
+
+
+def passkey_standard(tokenizer: PreTrainedTokenizerBase, length: int, *, seed: int = 0, depth: float | None = None,
+                     haystack: str = "repeat") -> Sample:
+    """The passkey in Landmark Attention's `run_test.py` form (Mohtashami & Jaggi 2023; InfLLM's passkey): the
+    repeated noise haystack, "The pass key is X. Remember it. X is the pass key." with X in 1..50000, and the
+    question "What is the pass key? The pass key is"."""
+    rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
+    key = _unique(lambda: str(rng.randint(1, 50000)), hay.text, set())
+    needle = Insert(f"The pass key is {key}. Remember it. {key} is the pass key.", *_depths(1, rng, depth))
+    return build_sample(tokenizer, hay, length, LANDMARK_PASSKEY_HEAD, [needle],
+                        "\nWhat is the pass key? The pass key is", rng, task="passkey_standard", answers=[key],
+                        query="pass key", extra={"metric": "first_number", "max_new_tokens": 8})
+
+
 def niah(tokenizer: PreTrainedTokenizerBase, length: int, *, num_keys: int = 1, num_values: int = 1, seed: int = 0,
          depth: float | None = None, haystack: str = "essays", task: str = "niah") -> Sample:
     """RULER needle-in-a-haystack: `num_keys` keys with `num_values` values each; one key is asked for, all its values
@@ -112,6 +135,11 @@ def niah(tokenizer: PreTrainedTokenizerBase, length: int, *, num_keys: int = 1, 
 def niah_single(tokenizer: PreTrainedTokenizerBase, length: int, **kw) -> Sample:
     """RULER niah_single: one needle, asked for."""
     return niah(tokenizer, length, task="niah_single", **kw)
+
+
+def niah_single_noise(tokenizer: PreTrainedTokenizerBase, length: int, *, haystack: str = "repeat", **kw) -> Sample:
+    """RULER niah_single_1: one needle (word key, 7-digit value) in the repeated noise haystack."""
+    return niah(tokenizer, length, task="niah_single_noise", haystack=haystack, **kw)
 
 
 def niah_multikey(tokenizer: PreTrainedTokenizerBase, length: int, **kw) -> Sample:
@@ -200,6 +228,8 @@ def qa(tokenizer: PreTrainedTokenizerBase, length: int, *, kind: int = 1, num_fa
 
 TASKS: dict[str, Callable[..., Sample]] = {
     "passkey": passkey,
+    "passkey_standard": passkey_standard,
+    "niah_single_noise": niah_single_noise,
     "niah_single": niah_single,
     "niah_multikey": niah_multikey,
     "niah_multivalue": niah_multivalue,
@@ -210,6 +240,9 @@ TASKS: dict[str, Callable[..., Sample]] = {
 }
 
 
+SINGLE_NEEDLE_TASKS = ("passkey", "passkey_standard", "niah_single", "niah_single_noise")
+
+
 def make_samples(task: str, tokenizer: PreTrainedTokenizerBase, length: int, count: int, *, seed: int = 0,
                  haystack: str | None = None, spread_depth: bool = True) -> list[Sample]:
     """`count` samples of `task` at `length` tokens (seeds `seed..seed+count-1`). Single-needle tasks spread their
@@ -217,7 +250,7 @@ def make_samples(task: str, tokenizer: PreTrainedTokenizerBase, length: int, cou
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}; choose one of {sorted(TASKS)}.")
     kwargs = {} if haystack is None else {"haystack": haystack}
-    single = task in ("passkey", "niah_single") and spread_depth
+    single = task in SINGLE_NEEDLE_TASKS and spread_depth
     return [
         TASKS[task](tokenizer, length, seed=seed + i, depth=(i / max(count - 1, 1)) if single else None, **kwargs)
         for i in range(count)

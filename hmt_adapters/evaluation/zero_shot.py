@@ -37,6 +37,8 @@ ZERO_SHOT_NOTES = {
                "pre-RoPE keys/values",
     "melodi": "untrained: 64 random summary embeddings per segment (identity mixers), long-term store of 32 "
               "average-pooled middle-layer states per segment read through a gate at sigmoid = 0.1",
+    "infllm": "no trainable parameters (training-free by design, InfLLM): every layer reads 128 sinks, the local "
+              "window and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance",
     "rmt": "untrained: one random memory embedding, then the last layer's output fed back as an input embedding; "
            "nothing in it was trained to hold a fact, so in effect a one-segment window",
     "hmt": "untrained: random memory/summary embeddings and random retrieval projections; the memory embedding is an "

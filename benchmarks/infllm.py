@@ -1,0 +1,168 @@
+"""Training-free block retrieval (`"infllm"`, issue 23) against the bare backbone, one JSON line per sample.
+
+Every sample is keyed by (reader, task, haystack, length, depth, seed) in `--out` (JSONL): `--update` adds the
+samples not yet there and never repeats one, so a cell grows across runs; `--table` prints the tables (accuracy,
+sample count, 95% Wilson interval). Sample i of a cell has seed `--seed + i` and depth `depths[i % len(depths)]`.
+
+Readers:
+- `backbone`: the bare backbone on the last `--context` tokens (its trained context; at lengths up to it this is
+  full attention over the whole prompt: the in-context baseline);
+- `infllm`: the bare backbone wrapped with `wrap_with_memory(base, "infllm", **--infllm-fields)` (no training);
+  each record also holds, per layer, whether every needle's block was among the blocks retrieved at the question
+  (recall@k, `recall`), and the number of blocks in memory.
+
+    python benchmarks/infllm.py --readers infllm --tasks niah_single_noise passkey_standard --lengths 8k 16k 32k \
+        --samples 25 --update --threads 1
+    python benchmarks/infllm.py --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import provenance  # noqa: E402
+from longcontext import parse_length  # noqa: E402
+
+import hmt_adapters as ha  # noqa: E402
+from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
+from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
+from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
+
+READERS = ("backbone", "infllm")
+DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
+
+
+def parse_field(text: str) -> tuple[str, Any]:
+    """`name=value` with value read as JSON where it parses (numbers, true/false, null), else as a string."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"config field {text!r} is not name=value")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="'smollm2' (offline SmolLM2-135M) or a causal LM path")
+    p.add_argument("--readers", nargs="+", default=["infllm"], choices=READERS)
+    p.add_argument("--tasks", nargs="+", default=["niah_single_noise", "passkey_standard"], choices=sorted(TASKS))
+    p.add_argument("--lengths", nargs="+", type=parse_length, default=[8192])
+    p.add_argument("--samples", type=int, default=5, help="samples per (reader, task, length) cell")
+    p.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--haystack", default=None, help="haystack for every task (default: each task's own)")
+    p.add_argument("--context", type=int, default=None, help="the backbone reader's context (default: its config's)")
+    p.add_argument("--infllm-fields", nargs="*", type=parse_field, default=[], metavar="NAME=VALUE",
+                   help="fields of the infllm configuration, e.g. window=2048 store_dtype=bfloat16")
+    p.add_argument("--reader-name", default=None, help="record the infllm reader under this name (a variant)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results file")
+    p.add_argument("--update", action="store_true", help="add the missing samples to an existing --out")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
+    return p
+
+
+def cost_and_recall(rows: list[dict[str, Any]]) -> str:
+    """Per (reader, task, length): mean wall and CPU seconds per 1k prompt tokens (answer generation included), the
+    largest peak RSS seen, and, for memory readers, how many of the layers had every needle readable at the question
+    (retrieval recall@k per layer; mean and minimum over samples)."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["reader"], row["task"], int(row["length"])), []).append(row)
+    lines = ["| reader | task | length | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
+             "layers with the needle readable (mean, min) |", "|---" * 8 + "|"]
+    for (reader, task, length), group in sorted(cells.items()):
+        wall = sum(r["seconds_per_1k_tokens"] for r in group) / len(group)
+        cpu = [1000 * r["cpu_seconds"] / length for r in group if r.get("cpu_seconds") is not None]
+        rss = max(r.get("peak_rss_mb", 0) for r in group) / 1024
+        recall = [r["recall"] for r in group if r.get("recall")]
+        found = (f"{sum(x['layers_found'] for x in recall) / len(recall):.1f} / {recall[0]['layers']}, "
+                 f"{min(x['layers_found'] for x in recall)}" if recall else "-")
+        cpu_text = f"{sum(cpu) / len(cpu):.1f} (n={len(cpu)})" if cpu else "-"
+        lines.append(f"| `{reader}` | {task} | {length // 1024}k | {len(group)} | {wall:.1f} | {cpu_text} | "
+                     f"{rss:.2f} | {found} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.table:
+        rows = load_records(args.out)
+        print(markdown_tables(rows) + "\n" + cost_and_recall(rows))
+        return
+    if Path(args.out).exists() and not args.update:
+        raise SystemExit(f"{args.out} exists: pass --update to add samples to it, or choose another --out.")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    done = {record_key(r) for r in load_records(args.out)}
+    base, tokenizer = load_backbone(args.model)
+    base.eval()
+    context = args.context or base.config.max_position_embeddings
+    fields = dict(args.infllm_fields)
+    readers, configs = [], {}
+    for name in args.readers:
+        if name == "backbone":
+            readers.append(Reader("backbone", base, window=context))
+            configs["backbone"] = {"context": context}
+        else:
+            model = ha.wrap_with_memory(base, "infllm", **fields).eval()
+            model.memory.trace = {}
+            label = args.reader_name or "infllm"
+            readers.append(Reader(label, model))
+            configs[label] = model.memory_config.to_dict()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    commit = provenance()["git_commit"]
+    machine = provenance()["machine"]
+    for length in args.lengths:
+        for task in args.tasks:
+            for i in range(args.samples):
+                seed, depth = args.seed + i, args.depths[i % len(args.depths)]
+                kwargs = {"seed": seed, "depth": depth}
+                if args.haystack:
+                    kwargs["haystack"] = args.haystack
+                sample = TASKS[task](tokenizer, length, **kwargs)
+                for reader in readers:
+                    key = record_key({"reader": reader.name, "task": task, "haystack": sample.haystack,
+                                      "length": length, "depth": depth, "seed": seed})
+                    if key in done:
+                        continue
+                    if isinstance(reader.model, ha.MemoryModel):
+                        reader.model.memory.trace = {}
+                    start, cpu_start = time.perf_counter(), time.process_time()
+                    new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
+                    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+                    prediction = tokenizer.decode(new, skip_special_tokens=True)
+                    correct = score(sample.extra["metric"], prediction, sample.answers)
+                    row = {"reader": reader.name, "seed": seed, **sample.record(), "depth": depth,
+                           "prediction": prediction, "score": correct,
+                           "seconds": seconds, "seconds_per_1k_tokens": 1000 * seconds / length,
+                           "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
+                           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                           "config": configs[reader.name], "commit": commit, "machine": machine,
+                           "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
+                    if isinstance(reader.model, ha.MemoryModel):
+                        row["recall"] = retrieval_recall(reader.model, sample)
+                        reader.model.memory.trace = {}
+                    append_record(args.out, row)
+                    done.add(key)
+                    recall = row.get("recall") or {}
+                    print(f"{reader.name:10} {task:18} {length:>7} depth {depth:.2f} seed {seed:3}: "
+                          f"{row['score']:.2f} {prediction!r:24} {seconds:7.1f} s"
+                          + (f"  recall {recall['layers_found']}/{recall['layers']} layers" if recall else ""),
+                          flush=True)
+    print(markdown_tables(load_records(args.out)))
+
+
+if __name__ == "__main__":
+    main()

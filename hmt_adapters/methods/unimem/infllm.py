@@ -1,0 +1,331 @@
+"""Training-free block-retrieval memory (InfLLM, Xiao et al. 2024) through transformers' attention interface.
+
+Per memory layer and execution chunk (one segment, `segment_length` tokens; docs/infllm.md):
+- local part: the chunk's own keys (causal) and the stored *tail*, every token from the window start (`window`
+  before the chunk, rounded down to a block boundary) at its true RoPE distance;
+- global part: the attention sinks (the first `sink_tokens` of the stream) and the `topk_blocks` blocks of
+  `block_size` older tokens whose representative keys best match the chunk's mean query (§3.2), every one seen at
+  the same distance W = `window` (the query rotated by W, the stored pre-RoPE keys at position 0, InfLLM's
+  `apply_rotary_pos_emb_one_angle(global_q, n_local)`), so RoPE never leaves its trained range;
+- one softmax over both parts (§3.1, eq. 1).
+A token's representative score is the attention it received from the queries of every chunk while it was local
+(InfLLM's released `local_score`; §3.2 writes the same idea with raw dot products). When the tail reaches past the
+next chunk's window, the sinks move out of it (once) and full blocks are cut from its front, each with one
+representative key per query head: the mean of its `representative_keys` top-scored keys.
+
+State (a flat dict, never mutated): `tail.k.{i}`/`tail.v.{i}` `[B, Hkv, R, D]` pre-RoPE K/V of the uncut tokens,
+`tail.score.{i}` `[B, Hq, R]`, `tail.valid` `[B, R]`; `sink.*` the sinks once they left the window; per block b
+`block.k.{i}.{b}`/`block.v.{i}.{b}` `[B, Hkv, block, D]` and `block.valid.{b}`; `repr.{i}` `[B, Hq, blocks, D]`.
+Blocks are separate entries, so a new chunk adds entries and copies nothing old: the cost per chunk is flat in
+document length except the block scoring, one small matmul over the representatives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
+from ...memory.attend import head_mix, head_scores
+from ...method import Layout, MemoryMethod, Segment, State
+from .infllm_config import InfLLMConfig
+from .reading import rotate_at
+
+QUERY_SLICE_FLOATS = 4 * 2**20  # 16 MB of fp32 logits per query slice
+STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def num_blocks(state: State, layer: int) -> int:
+    return state[f"repr.{layer}"].shape[2]
+
+
+class InfLLM(MemoryMethod):
+    """Sinks + local window + top-k retrieved blocks per chunk and layer, one joint softmax; no parameters."""
+
+    config_class = InfLLMConfig
+    needs_attention = True
+    updates_empty_rows: ClassVar[bool] = True  # rows without real tokens get masked slots (the store stays aligned)
+
+    def __init__(self, config: InfLLMConfig, backbone):
+        super().__init__(config, backbone)
+        self.window, self.sinks, self.block = config.resolved(backbone.max_positions)
+        layers = range(backbone.num_layers) if config.memory_layers is None else config.memory_layers
+        self.layers = self.resolve_layers("`memory_layers`", layers)
+        # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
+        self.trace: dict[int, list[dict[str, Any]]] | None = None
+
+    # ---- state ---------------------------------------------------------------------------------------------
+
+    def _store_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return STORE_DTYPES[self.config.store_dtype] if self.config.store_dtype else dtype
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
+        b = self.backbone
+        store = self._store_dtype(dtype)
+        state = {
+            "seen": torch.zeros(batch_size, dtype=torch.long, device=device),
+            "tail.valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+            "sink.valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+        }
+        empty_kv = (batch_size, b.num_kv_heads, 0, b.head_dim)
+        for i in self.layers:
+            for part in ("tail", "sink"):
+                state[f"{part}.k.{i}"] = torch.zeros(empty_kv, device=device, dtype=store)
+                state[f"{part}.v.{i}"] = torch.zeros(empty_kv, device=device, dtype=store)
+            state[f"tail.score.{i}"] = torch.zeros(batch_size, b.num_heads, 0, device=device)
+            state[f"repr.{i}"] = torch.zeros(batch_size, b.num_heads, 0, b.head_dim, device=device, dtype=store)
+        return state
+
+    def stored(self, state: State) -> int:
+        """Slots stored (closed tokens, padding included): the stream position of the next chunk's first token."""
+        layer = self.layers[0]
+        return state["sink.valid"].shape[1] + num_blocks(state, layer) * self.block + state["tail.valid"].shape[1]
+
+    def block_start(self, state: State, index: int) -> int:
+        """Stream position of block `index`'s first token."""
+        sinks = state["sink.valid"].shape[1] if state["sink.valid"].shape[1] else self.sinks
+        return sinks + index * self.block
+
+    def span_retrieved(self, call: dict[str, Any], start: int, end: int) -> bool:
+        """Whether tokens `[start, end)` were all readable by a traced call: in its local tail or chunk, in the
+        sinks, or in a retrieved block (every head's choice, for per-head selection)."""
+        for pos in range(start, end):
+            if pos >= call["local_from"] or pos < call["sinks"]:
+                continue
+            block = (pos - call["sinks"]) // self.block
+            if not call["selected"] or not all(block in chosen for chosen in call["selected"]):
+                return False
+        return True
+
+    # ---- reading -------------------------------------------------------------------------------------------
+
+    def _attend(self, layer: int, state: State, mask: torch.Tensor):
+        def attend(call: AttentionCall, context: AttentionContext):
+            return self.read(layer, state, call, context, mask)
+
+        return attend
+
+    def select_blocks(self, layer: int, state: State, query_global: torch.Tensor, query_valid: torch.Tensor
+                      ) -> torch.Tensor | None:
+        """Indices `[B, Hs, k]` (Hs = 1 per layer or Hkv per key/value head) of the blocks whose representative keys
+        best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks."""
+        reps = state[f"repr.{layer}"]  # [B, Hq, N, D]
+        count = reps.shape[2]
+        k = min(self.config.topk_blocks, count)
+        if k == 0:
+            return None
+        weights = query_valid.to(query_global.dtype)[:, None, :, None]  # [B, 1, q, 1]
+        mean_q = (query_global * weights).sum(2) / weights.sum(2).clamp_min(1)  # [B, Hq, D]
+        scores = torch.einsum("bhd,bhnd->bhn", mean_q.float(), reps.float())  # [B, Hq, N]
+        if self.config.select_per == "layer":
+            scores = scores.sum(1, keepdim=True)
+        else:
+            kv = self.backbone.num_kv_heads
+            scores = scores.view(scores.shape[0], kv, -1, count).sum(2)
+        return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+    def gather_blocks(self, layer: int, state: State, chosen: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Keys, values `[B, Hkv, k * block, D]` and validity `[B, 1|Hkv, k * block]` of the chosen blocks."""
+        batch, heads_sel, _ = chosen.shape
+        keys, values, valid = [], [], []
+        for b in range(batch):
+            per_head_k, per_head_v, per_head_m = [], [], []
+            for h in range(heads_sel):
+                idx = chosen[b, h].tolist()
+                k = torch.cat([state[f"block.k.{layer}.{j}"][b] for j in idx], dim=1)  # [Hkv, k*block, D]
+                v = torch.cat([state[f"block.v.{layer}.{j}"][b] for j in idx], dim=1)
+                m = torch.cat([state[f"block.valid.{j}"][b] for j in idx], dim=0)
+                if heads_sel > 1:
+                    k, v = k[h : h + 1], v[h : h + 1]
+                per_head_k.append(k)
+                per_head_v.append(v)
+                per_head_m.append(m)
+            keys.append(torch.cat(per_head_k, dim=0))
+            values.append(torch.cat(per_head_v, dim=0))
+            valid.append(torch.stack(per_head_m, dim=0))
+        return torch.stack(keys), torch.stack(values), torch.stack(valid)
+
+    def read(self, layer: int, state: State, call: AttentionCall, context: AttentionContext,
+             segment_mask: torch.Tensor | None = None):
+        """The layer's attention output `([B, q, Hq, D], None)` over global (sinks + retrieved blocks, at distance
+        W) and local (tail at true distances + the chunk, causal) keys, one softmax. `segment_mask` `[B, L]` marks
+        the segment's real tokens: padding queries do not count in the chunk's mean query."""
+        query = call.query  # [B, Hq, q, D], rotated at the window positions of this call
+        batch, heads, q_len, dim = query.shape
+        dtype = query.dtype
+        scaling = call.scaling if call.scaling is not None else dim**-0.5
+        stored = self.stored(state)
+        tail_k, tail_v = state[f"tail.k.{layer}"], state[f"tail.v.{layer}"]
+        tail_valid = state["tail.valid"]
+        tail_len = tail_k.shape[2]
+        # local keys: the tail at its true positions relative to the chunk's window (it starts at window position 0)
+        tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
+        tail_rot = rotate_at(context, tail_k.to(dtype), tail_pos.expand(batch, tail_len), query)
+        own = local_visibility(call.attention_mask, q_len, call.key.shape[2], query.device)
+        own = own.expand(batch, heads if own.shape[1] > 1 else 1, q_len, call.key.shape[2])
+        local_k = torch.cat([tail_rot, call.key], dim=2)
+        local_v = torch.cat([tail_v.to(dtype), call.value], dim=2)
+        local_visible = torch.cat([tail_valid[:, None, None, :].expand(batch, own.shape[1], q_len, tail_len), own], -1)
+        sinks_k, sinks_v = state[f"sink.k.{layer}"], state[f"sink.v.{layer}"]
+        has_blocks = num_blocks(state, layer) > 0
+        chosen, query_global, g_k, g_v, g_mask = None, None, None, None, None
+        if sinks_k.shape[2] or has_blocks:
+            # global part: the query rotated by W, stored keys unrotated (position 0): every entry at distance W
+            rope = context.call_rope(call)
+            query_pre = context.pre_rope(call, query) if rope is not None else query
+            query_global = self._rotate_by(context, query_pre, self.window)
+            query_valid = torch.ones(batch, q_len, dtype=torch.bool, device=query.device)
+            if segment_mask is not None and segment_mask.shape[1] == q_len:  # the segment's own call (not decoding)
+                query_valid = segment_mask.bool().to(query.device)
+            chosen = self.select_blocks(layer, state, query_global, query_valid)
+            g_k, g_v, g_m = sinks_k, sinks_v, state["sink.valid"][:, None, :]
+            if chosen is not None:
+                b_k, b_v, b_m = self.gather_blocks(layer, state, chosen)
+                g_m = g_m.expand(batch, b_m.shape[1], -1)
+                g_k = torch.cat([g_k.expand(batch, -1, -1, -1), b_k], dim=2)
+                g_v = torch.cat([g_v.expand(batch, -1, -1, -1), b_v], dim=2)
+                g_m = torch.cat([g_m, b_m], dim=-1)
+            g_k, g_v, g_mask = g_k.to(dtype), g_v.to(dtype), self._head_mask(g_m, heads)[:, :, None, :]
+        # Queries in slices whose fp32 logits stay under QUERY_SLICE_FLOATS: each slice's buffer is then reused by
+        # the allocator instead of being mapped and zeroed anew (on CPU that page-faulting cost as much as the math).
+        keys = local_k.shape[2] + (0 if g_k is None else g_k.shape[2])
+        rows = max(1, QUERY_SLICE_FLOATS // (batch * heads * keys))
+        outs, received = [], 0
+        for first in range(0, q_len, rows):
+            last_row = min(q_len, first + rows)
+            q = query[:, :, first:last_row]
+            logits = [head_scores(q * scaling, local_k).float()]
+            masks = [local_visible[:, :, first:last_row]]
+            values = [local_v]
+            if g_k is not None:
+                logits.insert(0, head_scores(query_global[:, :, first:last_row] * scaling, g_k).float())
+                masks.insert(0, g_mask)
+                values.insert(0, g_v)
+            probs = self._softmax(logits, masks, call.kwargs.get("softcap"))
+            out, start = 0, 0
+            for v in values:
+                width = v.shape[2]
+                out = out + head_mix(probs[..., start : start + width].to(dtype), v)
+                start += width
+            outs.append(out)
+            if layer in context.record_layers:
+                received = received + probs[..., start - local_k.shape[2] : start].sum(2)  # [B, Hq, tail + own]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        if layer in context.record_layers:  # closed segment: hand the local attention received to `update`
+            context.notes[layer] = (received[..., :tail_len], received[..., tail_len:][..., -q_len:])
+        if self.trace is not None:
+            positions = call.kwargs.get("position_ids")
+            last = int(positions.max()) if positions is not None else call.key.shape[2] - 1
+            sinks_moved = state["sink.valid"].shape[1] > 0
+            self.trace.setdefault(layer, []).append({
+                "end": stored + last + 1,
+                "blocks": num_blocks(state, layer),
+                "sinks": self.sinks if sinks_moved else 0,
+                "local_from": stored - tail_len,
+                "selected": [] if chosen is None else [sorted(set(row.tolist())) for row in chosen[0]],
+            })
+        return out.transpose(1, 2).contiguous(), None
+
+    @staticmethod
+    def _softmax(logits: list[torch.Tensor], masks: list[torch.Tensor], softcap: float | None) -> torch.Tensor:
+        """One fp32 softmax over the concatenated logit parts, each masked by its visibility (in place without
+        gradients; autograd's softmax when training through the backbone)."""
+        probs = torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0].clone()
+        if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
+            probs = torch.tanh(probs / softcap) * softcap
+        start = 0
+        for part, mask in zip(logits, masks):
+            width = part.shape[-1]
+            probs[..., start : start + width].masked_fill_(~mask, torch.finfo(probs.dtype).min)
+            start += width
+        if torch.is_grad_enabled() and probs.requires_grad:
+            return torch.softmax(probs, dim=-1)
+        probs.sub_(probs.amax(-1, keepdim=True)).exp_()
+        return probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding): a uniform row, no NaN
+
+    def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
+        """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
+        rope = context.rope_at(torch.full((x.shape[0], 1), distance, device=x.device, dtype=torch.long), x)
+        if rope is None:
+            return x
+        cos, sin = rope[0][:, None], rope[1][:, None]
+        return apply_rope(x, cos, sin, *rope[2:])
+
+    def _head_mask(self, mask: torch.Tensor, heads: int) -> torch.Tensor:
+        """`[B, 1|Hkv, G]` -> `[B, 1|Hq, G]` (query head h reads key/value head h // group)."""
+        if mask.shape[1] in (1, heads):
+            return mask
+        return mask.repeat_interleave(heads // mask.shape[1], dim=1)
+
+    def prepare(self, segment: Segment, state: State, plan) -> Layout:
+        context = AttentionContext(
+            reads={i: self._attend(i, state, segment.mask) for i in self.layers},
+            record_layers=frozenset(self.layers),
+            rotary=self.backbone.rotary,
+        )
+        return Layout(attention=context)
+
+    # ---- writing -------------------------------------------------------------------------------------------
+
+    def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
+        """Append the chunk to the tail (with the attention each token received), then move the sinks out once
+        they left the next chunk's window and cut full blocks from the tail's front (their representatives)."""
+        context = layout.attention
+        length = segment.ids.shape[1]
+        out = dict(state)
+        mask = segment.mask.bool()
+        out["seen"] = state["seen"] + mask.long().sum(1)
+        out["tail.valid"] = torch.cat([state["tail.valid"], mask], dim=1)
+        for i in self.layers:
+            k, v = context.records[i]
+            k, v = k[:, :, -length:], v[:, :, -length:]
+            store = state[f"tail.k.{i}"].dtype
+            received_tail, received_own = context.notes[i]
+            out[f"tail.k.{i}"] = torch.cat([state[f"tail.k.{i}"], k.detach().to(store)], dim=2)
+            out[f"tail.v.{i}"] = torch.cat([state[f"tail.v.{i}"], v.detach().to(store)], dim=2)
+            score = state[f"tail.score.{i}"] + received_tail.detach().float()
+            out[f"tail.score.{i}"] = torch.cat([score, received_own.detach().float()], dim=2)
+        stored = self.stored(out)
+        window_from = stored - self.window  # the next chunk's window start
+        if out["sink.valid"].shape[1] == 0 and self.sinks and window_from >= self.sinks and \
+                stored - out["tail.valid"].shape[1] == 0:
+            out = self._move(out, "sink", self.sinks)
+        if out["sink.valid"].shape[1] or not self.sinks:
+            while stored - out["tail.valid"].shape[1] + self.block <= window_from:
+                out = self._cut_block(out)
+        return out
+
+    def _move(self, state: State, part: str, count: int) -> State:
+        """The first `count` tail tokens become the sinks."""
+        out = dict(state)
+        out[f"{part}.valid"] = state["tail.valid"][:, :count]
+        out["tail.valid"] = state["tail.valid"][:, count:]
+        for i in self.layers:
+            for kv in ("k", "v"):
+                out[f"{part}.{kv}.{i}"] = state[f"tail.{kv}.{i}"][:, :, :count]
+                out[f"tail.{kv}.{i}"] = state[f"tail.{kv}.{i}"][:, :, count:]
+            out[f"tail.score.{i}"] = state[f"tail.score.{i}"][:, :, count:]
+        return out
+
+    def _cut_block(self, state: State) -> State:
+        """The first `block_size` tail tokens become a block with one representative key per query head."""
+        size, heads, kv_heads = self.block, self.backbone.num_heads, self.backbone.num_kv_heads
+        index = num_blocks(state, self.layers[0])
+        out = dict(state)
+        valid = state["tail.valid"][:, :size]
+        out[f"block.valid.{index}"] = valid
+        out["tail.valid"] = state["tail.valid"][:, size:]
+        for i in self.layers:
+            k, v = state[f"tail.k.{i}"], state[f"tail.v.{i}"]
+            block_k, block_v = k[:, :, :size].clone(), v[:, :, :size].clone()  # own storage: the tail is freed
+            out[f"block.k.{i}.{index}"], out[f"block.v.{i}.{index}"] = block_k, block_v
+            out[f"tail.k.{i}"], out[f"tail.v.{i}"] = k[:, :, size:], v[:, :, size:]
+            score = state[f"tail.score.{i}"][:, :, :size].masked_fill(~valid[:, None, :], float("-inf"))
+            out[f"tail.score.{i}"] = state[f"tail.score.{i}"][:, :, size:]
+            top = score.topk(self.config.representative_keys, dim=-1).indices  # [B, Hq, r]
+            per_head = block_k.float().repeat_interleave(heads // kv_heads, dim=1)  # [B, Hq, block, D]
+            chosen = per_head.gather(2, top[..., None].expand(-1, -1, -1, per_head.shape[-1]))
+            rep = chosen.mean(2)[:, :, None].to(state[f"repr.{i}"].dtype)  # [B, Hq, 1, D]
+            out[f"repr.{i}"] = torch.cat([state[f"repr.{i}"], rep], dim=2)
+        return out

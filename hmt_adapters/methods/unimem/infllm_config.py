@@ -1,0 +1,101 @@
+"""`InfLLMConfig`: training-free block-retrieval memory (InfLLM, Xiao et al. 2024), a UniMem composition.
+
+UniMem's four dimensions (docs/infllm.md): management = every past token kept, the first `sink_tokens` as attention
+sinks and the rest cut into blocks of `block_size` once they leave the local window; writing = the layer's own
+pre-RoPE keys/values (direct, no parameters); reading = sinks + the `topk_blocks` blocks whose representative keys
+best match the execution chunk's mean query + the local window; injection = one joint softmax in every memory layer.
+Fields left `None` scale with the backbone's context (`max_position_embeddings`) when the method is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...config import MemoryConfig
+
+STORE_DTYPES = ("float32", "bfloat16", "float16")
+SELECT_PER = ("layer", "kv_head")
+# InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
+INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
+
+
+@dataclass
+class InfLLMConfig(MemoryConfig):
+    """Block-retrieval memory over a frozen model: no trainable parameter (InfLLM, Xiao et al. 2024, §3).
+
+    Args:
+        segment_length (`int`, defaults to 512):
+            The execution chunk (InfLLM's `exc_block_size`): tokens read per backbone call; blocks are selected
+            once per chunk with its mean query (§3.2).
+        window (`int`, *optional*):
+            Local window W (InfLLM's `n_local`): each chunk attends to its own tokens and the stored tokens from W
+            before its start (rounded down to a block boundary) at their true RoPE distances. `None`: half the
+            backbone's context, at most 4096.
+        sink_tokens (`int`, *optional*):
+            The first tokens of the stream kept as attention sinks (InfLLM's `n_init`, §3.1 "initial tokens"),
+            read by every chunk once they left the window. `None`: 128, at most 1/32 of the context.
+        block_size (`int`, *optional*): Tokens per memory block (§3.2). `None`: 128, at most 1/32 of the context.
+        representative_keys (`int`, defaults to 4):
+            Keys that represent a block (`repr_topk`, §3.2): per query head, the block's tokens that received the
+            most local attention while they were in the window; their keys are averaged.
+        topk_blocks (`int`, defaults to 16): Blocks retrieved per chunk and memory layer (`topk`, §3.2).
+        select_per (`str`, defaults to `"layer"`):
+            `"layer"`: one block ranking per layer, the score summed over all heads (InfLLM); `"kv_head"`: one
+            ranking per key/value head (the heads of its group summed).
+        memory_layers (`list[int]`, *optional*): Layers that read memory; `None`: all.
+        store_dtype (`str`, *optional*):
+            Dtype of the stored blocks' keys/values: `"float32"`, `"bfloat16"` or `"float16"` (`None`: the model's).
+    """
+
+    segment_length: int = field(default=512, metadata={"help": "Execution chunk (tokens per call).", "min": 1})
+    window: int | None = field(default=None, metadata={"help": "Local window W.", "min": 1, "nullable": True})
+    sink_tokens: int | None = field(
+        default=None, metadata={"help": "Attention-sink tokens (InfLLM n_init).", "min": 0, "nullable": True}
+    )
+    block_size: int | None = field(
+        default=None, metadata={"help": "Tokens per memory block.", "min": 1, "nullable": True}
+    )
+    representative_keys: int = field(default=4, metadata={"help": "Representative keys per block.", "min": 1})
+    topk_blocks: int = field(default=16, metadata={"help": "Blocks retrieved per chunk and layer.", "min": 0})
+    select_per: str = field(default="layer", metadata={"help": "Block ranking granularity.", "choices": SELECT_PER})
+    memory_layers: tuple[int, ...] | None = field(
+        default=None,
+        metadata={"help": "Decoder layers with memory (None: all).", "type": tuple, "min": 0, "nullable": True},
+    )
+    store_dtype: str | None = field(
+        default=None, metadata={"help": "Dtype of stored keys/values.", "choices": STORE_DTYPES, "nullable": True}
+    )
+
+    @property
+    def method_name(self) -> str:
+        return "infllm"
+
+    def validate(self) -> None:
+        super().validate()
+        block = self.block_size
+        if block is not None and self.representative_keys > block:
+            raise ValueError(
+                f"`representative_keys` ({self.representative_keys}) must not exceed `block_size` ({block}): a "
+                f"block is represented by some of its own keys."
+            )
+
+    def resolved(self, max_positions: int | None) -> tuple[int, int, int]:
+        """`(window, sink_tokens, block_size)` with `None` fields scaled to a context of `max_positions` tokens
+        (InfLLM's 4096 / 128 / 128 where the context allows); a `ValueError` when the local part of a chunk
+        (window + the larger of sinks and block + chunk) would read RoPE distances past the context."""
+        context = max_positions or 2 * INFLLM_WINDOW
+        window = self.window if self.window is not None else max(1, min(INFLLM_WINDOW, context // 2))
+        sinks = self.sink_tokens if self.sink_tokens is not None else min(INFLLM_SINKS, context // 32)
+        block = self.block_size if self.block_size is not None else max(1, min(INFLLM_BLOCK, context // 32))
+        if self.representative_keys > block:
+            raise ValueError(
+                f"`representative_keys` ({self.representative_keys}) must not exceed the block size ({block})."
+            )
+        span = window + max(sinks, block) + self.segment_length
+        if max_positions is not None and span > max_positions:
+            raise ValueError(
+                f"window ({window}) + max(sink_tokens ({sinks}), block_size ({block})) + segment_length "
+                f"({self.segment_length}) = {span} exceeds the backbone's {max_positions} positions: local keys would "
+                f"be read at distances it was not trained on; lower `window` or `segment_length`."
+            )
+        return window, sinks, block

@@ -1,0 +1,256 @@
+"""InfLLM block retrieval (`"infllm"`, docs/infllm.md): the bare backbone inside sinks + window, block scoring and
+representative keys on constructed cases, the fixed global distance, the store (round trip, bf16), config errors;
+and the evaluation pieces it brought (standard passkey, noise-haystack needle, JSONL records, Wilson intervals)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import random_ids, tiny_backbone
+
+import hmt_adapters as ha
+from hmt_adapters.attention import AttentionContext, apply_rope
+from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
+from hmt_adapters.methods.unimem.infllm import InfLLM
+
+SMALL = {"segment_length": 16, "window": 64, "sink_tokens": 8, "block_size": 8, "topk_blocks": 2,
+         "representative_keys": 2}
+
+
+def backbone():
+    return tiny_backbone("llama", max_position_embeddings=256).eval()
+
+
+def wrap(base, **fields) -> ha.MemoryModel:
+    return ha.wrap_with_memory(base, "infllm", **{**SMALL, **fields}).eval()
+
+
+@pytest.mark.parametrize("length", [1, 16, 37, 72])
+def test_document_within_sinks_and_window_is_the_bare_backbone(length):
+    base = backbone()
+    model = wrap(base)
+    ids = random_ids(2, length, seed=length)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, base(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_generation_within_the_window_is_the_bare_backbone():
+    base = backbone()
+    ids = random_ids(1, 40, seed=3)
+    bare = base.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert torch.equal(wrap(base).generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0), bare)
+
+
+def test_no_trainable_parameters_and_a_document_past_the_window_streams():
+    model = wrap(backbone())
+    assert list(model.memory_parameters()) == []
+    ids = random_ids(1, 300, seed=1)
+    with torch.no_grad():
+        out = model(input_ids=ids).logits
+    assert out.shape == (1, 300, 96) and torch.isfinite(out).all()
+    _, state = model.step(ids[:, :288])
+    blocks = state.tensors["repr.0"].shape[2]
+    # every token older than the next chunk's window start (rounded to a block) is a sink or in a block
+    assert state.tensors["sink.valid"].shape[1] == 8
+    assert 8 + blocks * 8 <= 288 - 64 < 8 + (blocks + 1) * 8
+    assert 8 + blocks * 8 + state.tensors["tail.valid"].shape[1] == 288
+
+
+def test_block_scoring_picks_the_block_that_matches_the_mean_query():
+    model = wrap(backbone())
+    method: InfLLM = model.memory
+    heads, dim, count = 4, 8, 12
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(1, heads, 5, dim, generator=gen)
+    mean = query.mean(2)  # [1, H, D]
+    reps = 0.1 * torch.randn(1, heads, count, dim, generator=gen)
+    reps[0, :, 7] = mean[0]  # block 7 is the mean query itself: the largest sum over heads of q.r
+    reps[0, :, 2] = 0.5 * mean[0]  # block 2 is second
+    state = {"repr.0": reps}
+    chosen = method.select_blocks(0, state, query, torch.ones(1, 5, dtype=torch.bool))
+    assert chosen.shape == (1, 1, 2) and chosen[0, 0].tolist() == [2, 7]  # top-2, in stream order
+    # a padding query does not count in the mean: making it huge and opposite changes nothing
+    padded = torch.cat([query, -100 * mean[:, :, None]], dim=2)
+    valid = torch.tensor([[True] * 5 + [False]])
+    assert torch.equal(method.select_blocks(0, state, padded, valid), chosen)
+    # per key/value head: head pair 1 (query heads 2, 3) prefers block 4 when only its heads match block 4
+    reps[0, 2:, 4] = 10 * mean[0, 2:]
+    method.config.select_per = "kv_head"
+    per_head = method.select_blocks(0, state, query, torch.ones(1, 5, dtype=torch.bool))
+    method.config.select_per = "layer"
+    assert per_head.shape == (1, 2, 2) and 4 in per_head[0, 1].tolist() and 7 in per_head[0, 0].tolist()
+
+
+def test_representative_key_is_the_mean_of_the_most_attended_keys():
+    model = wrap(backbone(), representative_keys=2)
+    method: InfLLM = model.memory
+    state = method.init_state(1, torch.device("cpu"), torch.float32)
+    kv, heads, dim = 2, 4, 8
+    keys = torch.randn(1, kv, 12, dim)
+    score = torch.rand(1, heads, 12)
+    score[0, 0, [3, 6]] = 5.0  # query head 0 attended most to tokens 3 and 6
+    state["tail.valid"] = torch.ones(1, 12, dtype=torch.bool)
+    for i in method.layers:
+        state[f"tail.k.{i}"], state[f"tail.v.{i}"], state[f"tail.score.{i}"] = keys, keys.clone(), score
+    out = method._cut_block(state)
+    torch.testing.assert_close(out["repr.0"][0, 0, 0], keys[0, 0, [3, 6]].mean(0))  # head 0 reads kv head 0
+    best = score[0, 3, :8].topk(2).indices
+    torch.testing.assert_close(out["repr.1"][0, 3, 0], keys[0, 1, best].mean(0))  # head 3 reads kv head 1
+    assert out["tail.valid"].shape[1] == 4 and torch.equal(out["block.k.0.0"], keys[:, :, :8])
+
+
+def test_global_keys_are_seen_at_the_window_distance_from_every_query():
+    base = backbone()
+    model = wrap(base)
+    adapter = model.adapter
+    context = AttentionContext(rotary=adapter.rotary)
+    context.layer = 0
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 8, generator=gen), torch.randn(1, 1, 1, 8, generator=gen)
+    by_method = (model.memory._rotate_by(context, q, 64) * k).sum()
+    for p in (64, 100, 250):  # any query position p: the key at p - W gives the same logit
+        rq, rk = (context.rope_at(torch.tensor([[x]]), q) for x in (p, p - 64))
+        rotated = (apply_rope(q, rq[0][:, None], rq[1][:, None]) * apply_rope(k, rk[0][:, None], rk[1][:, None])).sum()
+        torch.testing.assert_close(rotated, by_method, atol=1e-5, rtol=1e-5)
+
+
+def test_local_distances_stay_inside_the_trained_range_and_the_trace_names_the_blocks():
+    model = wrap(backbone())
+    model.memory.trace = {}
+    ids = random_ids(1, 250, seed=2)
+    with torch.no_grad():
+        model(input_ids=ids)
+    calls = model.memory.trace[0]
+    limit = 64 + 8 + 16  # window + max(sinks, block) + chunk
+    assert all(c["end"] - c["local_from"] <= limit for c in calls)
+    late = calls[-1]
+    assert late["end"] == 250 and late["sinks"] == 8 and len(late["selected"][0]) == 2
+    assert late["blocks"] == (late["local_from"] - 8) // 8
+
+
+def test_state_round_trip_continues_the_stream_exactly(tmp_path):
+    model = wrap(backbone())
+    ids = random_ids(1, 224, seed=4)
+    with torch.no_grad():
+        _, state = model.step(ids[:, :160])
+        state.save(tmp_path / "state")
+        loaded = ha.MemoryState.load(tmp_path / "state")
+        assert set(loaded.tensors) == set(state.tensors)
+        direct, _ = model.step(ids[:, 160:], state)
+        again, _ = model.step(ids[:, 160:], loaded)
+    torch.testing.assert_close(again.logits, direct.logits, atol=0, rtol=0)
+
+
+def test_bf16_store_keeps_blocks_in_bf16_close_to_float32():
+    base = backbone()
+    ids = random_ids(1, 224, seed=5)
+    with torch.no_grad():
+        full = wrap(base)(input_ids=ids).logits
+        half_model = wrap(base, store_dtype="bfloat16")
+        half = half_model(input_ids=ids).logits
+        _, state = half_model.step(ids)
+    assert state.tensors["block.k.0.0"].dtype == torch.bfloat16 and state.tensors["tail.v.1"].dtype == torch.bfloat16
+    assert (half - full).abs().max() < 0.05 * full.abs().max()
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"select_per": "head"}, ["select_per", "layer", "kv_head"]),
+    ({"store_dtype": "int4"}, ["store_dtype", "bfloat16"]),
+    ({"window": 240}, ["240", "exceeds", "256"]),
+    ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
+])
+def test_bad_fields_are_refused_naming_the_value_and_the_allowed_ones(fields, words):
+    with pytest.raises(ValueError) as err:
+        wrap(backbone(), **fields)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_config_round_trips_and_defaults_scale_with_the_context():
+    config = ha.InfLLMConfig(window=2048)
+    assert ha.InfLLMConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert ha.InfLLMConfig().resolved(8192) == (4096, 128, 128)  # InfLLM's settings at an 8k context
+    assert ha.InfLLMConfig(segment_length=64).resolved(512) == (256, 16, 16)
+
+
+def test_standard_passkey_and_noise_needle_tasks():
+    from hmt_adapters.backbones import smollm2
+
+    try:
+        _, tokenizer = smollm2()
+    except OSError:
+        pytest.skip("SmolLM2 is not in the local cache")
+    from hmt_adapters.evaluation import TASKS
+
+    sample = TASKS["passkey_standard"](tokenizer, 2048, seed=1, depth=0.5)
+    text = tokenizer.decode(sample.input_ids)
+    key = sample.answers[0]
+    assert len(sample.input_ids) == 2048 and f"The pass key is {key}. Remember it. {key} is the pass key." in text
+    assert "The grass is green. The sky is blue." in text and text.endswith("What is the pass key? The pass key is")
+    needle = TASKS["niah_single_noise"](tokenizer, 2048, seed=1, depth=0.3)
+    assert needle.haystack == "repeat" and f"is: {needle.answers[0]}." in tokenizer.decode(needle.input_ids)
+
+
+def test_records_accumulate_without_duplicates_and_wilson_intervals(tmp_path):
+    path = tmp_path / "r.jsonl"
+    row = {"reader": "infllm", "task": "passkey_standard", "haystack": "repeat", "length": 8192, "depth": 0.5,
+           "seed": 0, "score": 1.0}
+    append_record(path, row)
+    append_record(path, {**row, "score": 0.0})  # the same key again: the later record replaces it
+    append_record(path, {**row, "seed": 1, "score": 1.0})
+    rows = load_records(path)
+    assert len(rows) == 2 and {record_key(r)[-1] for r in rows} == {0, 1}
+    cell = cell_table(rows)["passkey_standard"]["infllm"][8192]
+    assert cell["samples"] == 2 and cell["accuracy"] == 0.5
+    low, high = wilson_interval(25, 25)
+    assert abs(low - 0.8668) < 1e-4 and high == 1.0
+    low, high = wilson_interval(5, 10)
+    assert abs(low - 0.2366) < 1e-4 and abs(high - 0.7634) < 1e-4
+    with pytest.raises(ValueError, match="seed"):
+        record_key({k: v for k, v in row.items() if k != "seed"})
+
+
+@pytest.mark.parametrize("topk, found", [(0, False), (64, True)])
+def test_retrieval_recall_per_layer_at_the_question(topk, found):
+    from hmt_adapters.evaluation import Insert, Sample, retrieval_recall
+
+    model = wrap(backbone(), topk_blocks=topk)
+    ids = random_ids(1, 250, seed=6)
+    sample = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("needle", 0.2, position=40, num_tokens=5)], "none")
+    model.memory.trace = {}
+    model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    recall = retrieval_recall(model, sample)
+    # the needle (tokens 40-44) lies in a block: only retrieval can bring it back (all blocks with a large top-k)
+    assert recall["layers"] == 2 and recall["per_layer"] == {"0": found, "1": found}
+    assert recall["blocks"] == (240 - 64 - 8) // 8  # 240 tokens closed before the question chunk was read
+    inside = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("n", 0.9, position=240, num_tokens=5)], "none")
+    assert retrieval_recall(model, inside)["layers_found"] == 2  # in the local window: always readable
+
+
+def test_a_padded_row_reads_as_it_reads_alone():
+    model = wrap(backbone())
+    ids = random_ids(2, 230, seed=9)
+    mask = torch.ones_like(ids)
+    mask[1, 150:] = 0  # row 1 ends inside a chunk: its padding queries must not move the chunk's mean query
+    with torch.no_grad():
+        both = model(input_ids=ids, attention_mask=mask).logits
+        alone = model(input_ids=ids[1:, :150]).logits
+    torch.testing.assert_close(both[1, :150], alone[0], atol=1e-5, rtol=1e-5)
+    left = torch.ones_like(ids)
+    left[1, :80] = 0  # left padding in generation
+    out = model.generate(ids, attention_mask=left, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    alone = model.generate(ids[1:, 80:], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(out[1, -4:], alone[0, -4:])
+
+
+def test_query_slices_give_the_same_attention(monkeypatch):
+    from hmt_adapters.methods.unimem import infllm
+
+    model = wrap(backbone())
+    ids = random_ids(1, 230, seed=10)
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits
+        monkeypatch.setattr(infllm, "QUERY_SLICE_FLOATS", 4 * 100)  # a few queries per slice
+        sliced = model(input_ids=ids).logits
+    torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=1e-5)
