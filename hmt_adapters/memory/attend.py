@@ -92,9 +92,15 @@ def prefix_attention(
 ) -> torch.Tensor:
     """`[B, Hq, q, D]`: torch SDPA over `[read.k ; key]` with every part brought to the query heads."""
     batch, heads, q_len, _ = query.shape
-    mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, read.k.shape[2])
-    visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
-    visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
+    size = read.k.shape[2]
+    if bool(read.visible.all()):  # every entry visible to every query: one mask for all heads, the local one widened
+        rows, local_heads = local_visible.shape[:2]
+        local = local_visible.expand(rows, local_heads, q_len, key.shape[2])
+        visible = torch.cat([local.new_ones(rows, local_heads, q_len, size), local], dim=-1)
+    else:
+        mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, size)
+        visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
+        visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
     keys = torch.cat([_all_heads(read.k, heads).to(query.dtype), _all_heads(key, heads)], dim=2)
     values = torch.cat([_all_heads(read.v, heads).to(query.dtype), _all_heads(value, heads)], dim=2)
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
