@@ -76,6 +76,10 @@ class ElasticMemory(MemoryMethod):
         count = cfg.readout_tokens
         if t == 0:
             return torch.zeros(count, cfg.hippo_order, device=device)
+        if cfg.sampling == "uniform":
+            # x_j = j t / L_mem sits at 2 x_j / t - 1 = 2 j / L_mem - 1 of the Legendre interval whatever t is
+            # (Sec. 2.3): one readout for every state, built at t = L_mem where the points are the integers j.
+            t = count
         key = ("R", t, cfg.sampling, count, cfg.exp_alpha, str(device))
         hit = self.hippo.cache.get(key)
         if hit is not None:
