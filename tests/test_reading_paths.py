@@ -95,16 +95,18 @@ CASES = {
     "topk_eager": ("llama", "memorizing_transformer", dict(memory_size=24, topk=4, memory_layers=[0, 1]), "eager"),
     "unimix": ("llama", "unimix", dict(memory_size=40, memory_tokens=2), "sdpa"),
     "union": (
-        "qwen2", "unimix", dict(memory_size=40, window=5, global_tokens=3, topk=2, memory_tokens=0, memory_layers=[0, 1]),
-        "sdpa",
+        "qwen2", "unimix",
+        dict(memory_size=40, window=5, global_tokens=3, topk=2, memory_tokens=0, memory_layers=[0, 1]), "sdpa",
     ),
     "window": ("llama", "transformer_xl", dict(memory_size=30, reading="window", window=11), "sdpa"),
-    "global": ("llama", "transformer_xl", dict(memory_size=30, reading="global", global_tokens=3, positions="pos0"), "sdpa"),
+    "global": (
+        "llama", "transformer_xl", dict(memory_size=30, reading="global", global_tokens=3, positions="pos0"), "sdpa"
+    ),
     "trams": ("llama", "trams", dict(memory_size=32, select_size=12), "sdpa"),
     "trams_kv_head": ("llama", "trams", dict(memory_size=32, select_size=12, select_per="kv_head"), "sdpa"),
     "trams_paper_original": (
-        "qwen2", "trams", dict(memory_size=32, select_size=10, recent_keep=4, select_score="paper", positions="original"),
-        "sdpa",
+        "qwen2", "trams",
+        dict(memory_size=32, select_size=10, recent_keep=4, select_score="paper", positions="original"), "sdpa",
     ),
     "trams_eager": ("llama", "trams", dict(memory_size=32, select_size=12), "eager"),
     "trams_opt": ("opt", "trams", dict(memory_size=24, select_size=12), "sdpa"),
@@ -166,3 +168,21 @@ def test_prefix_attention_with_one_mask_for_all_heads_equals_the_mask_per_head()
             dense_prefix_attention(query, key, value, local, read, 0.3),
             atol=1e-6, rtol=1e-5,
         )
+
+
+@pytest.mark.parametrize("memory_heads", [2, 4])  # key/value heads (Transformer-XL, Elastic) or query heads (TRAMS)
+def test_one_decoded_token_without_concatenation_equals_the_prefix_attention(memory_heads):
+    gen = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, n, S, D = 2, 4, 2, 6, 7, 8
+    query = torch.randn(B, Hq, 1, D, generator=gen)
+    key, value = torch.randn(B, Hkv, n, D, generator=gen), torch.randn(B, Hkv, n, D, generator=gen)
+    local = torch.ones(B, 1, 1, n, dtype=torch.bool)
+    local[1, ..., :2] = False  # a left-padded row
+    visible = torch.rand(B, memory_heads, 1, S, generator=gen) > 0.3
+    memory_k = torch.randn(B, memory_heads, S, D, generator=gen)
+    read = MemoryRead(memory_k, torch.randn(B, memory_heads, S, D, generator=gen), visible)
+    torch.testing.assert_close(
+        attend.one_token_attention(query, key, value, local, read, 0.3),
+        dense_prefix_attention(query, key, value, local, read, 0.3),
+        atol=1e-6, rtol=1e-5,
+    )

@@ -20,6 +20,7 @@ import torch
 
 from ...attention import AttentionCall, AttentionContext
 from ...hippo import HiPPOLegS
+from ...memory.attend import MemoryRead, attend_memory
 from ...memory.reuse import read_once
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import ElasticMemoryConfig
@@ -126,7 +127,7 @@ class ElasticMemory(MemoryMethod):
             tokens = read_once(memory_tokens)
 
             def attend(call: AttentionCall, ctx: AttentionContext):
-                return call.run_with_prefix(*tokens(call, ctx), visible)
+                return attend_memory(call, MemoryRead(*tokens(call, ctx), visible))  # one joint softmax
 
             return attend
 

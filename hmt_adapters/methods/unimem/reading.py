@@ -203,7 +203,8 @@ def read_trams(
         if older <= select_size - recent_keep:  # nothing to choose: every filled slot is attended
             slots = torch.arange(shift, store, device=k.device).expand(k.shape[0], heads, filled)
         else:
-            scores = trams_scores(k[:, :, shift : shift + older], w_q, norm_weight, call.query.shape[1], score, select_per)
+            pool = k[:, :, shift : shift + older]
+            scores = trams_scores(pool, w_q, norm_weight, call.query.shape[1], score, select_per)
             scores = F.pad(scores, (0, filled - older))  # the recent slots are kept whatever their score
             slots = trams_select(scores, frame.valid[:, shift:], recent_keep, select_size) + shift  # [B, Hr, S]
     keys = rotate_at(context, gather_slots(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
