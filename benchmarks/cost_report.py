@@ -279,8 +279,6 @@ def _spread(row: dict) -> str:
 
 def render(results: dict[str, dict]) -> str:
     lines = [
-        "# What memory costs",
-        "",
         "Rendered by `python benchmarks/cost_report.py` from `benchmarks/results/cost_report_<device>.json`; the",
         "definitions (what bare computes, how FLOPs are counted, how times are taken) are in the script's docstring",
         "and summarised here. **bare** is the same wrapped model with memory disabled: the backbone on each segment",
@@ -338,14 +336,25 @@ def render(results: dict[str, dict]) -> str:
                       "|---|" + "---|---|" * len(batches)]
             names = list(run["batches"][batches[0]])
             for name in names:
-                cells = " | ".join(f"{run['batches'][b][name]['rate']:,.1f} | {run['batches'][b][name]['vs_bare']:.2f} "
-                                   f"({_spread(run['batches'][b][name])})" for b in batches)
+                cells = " | ".join(
+                    f"{run['batches'][b][name]['rate']:,.1f} | {run['batches'][b][name]['vs_bare']:.2f} "
+                    f"({_spread(run['batches'][b][name])})" for b in batches
+                )
                 lines.append(f"| `{name}` | {cells} |")
             lines.append("")
-    notes = ROOT / "docs" / "cost_notes.md"
-    if notes.is_file():
-        lines += [notes.read_text().rstrip(), ""]
     return "\n".join(lines)
+
+
+START, END = "<!-- cost-report:start -->", "<!-- cost-report:end -->"
+
+
+def write_doc(tables: str) -> None:
+    """The tables between the markers of docs/cost.md (the prose around them is written by hand); a new page holds
+    only the tables."""
+    text = DOC.read_text() if DOC.is_file() else f"{START}\n{END}\n"
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    DOC.write_text(f"{head}{START}\n{tables}\n{END}{tail}")
 
 
 def main() -> None:
@@ -392,7 +401,7 @@ def main() -> None:
         file = RESULTS / f"cost_report_{device}.json"
         if file.is_file():
             results[device] = json.loads(file.read_text())
-    DOC.write_text(render(results))
+    write_doc(render(results))
     print(f"wrote {path} and {DOC}")
 
 
