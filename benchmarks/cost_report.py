@@ -23,8 +23,9 @@ Definitions, the same for every row:
 - **decode**: tokens/s of `generate` after a prompt of 7.5 segments, one segment's worth of new tokens (so one fold
   into memory per run; the prefill cancels out: time(n + 1 tokens) - time(1 token)), against the bare backbone's
   `generate` inside one window (a 1-token prompt, the same number of new tokens).
-Ratios are medians of interleaved rounds in one process (all rows see the same machine noise); `spread` is the
-lowest and highest per-round ratio.
+Times are CPU time of the process on CPU (one torch thread; other jobs on a shared machine inflate wall-clock time,
+not this), wall-clock between synchronisations on CUDA. Ratios are medians of interleaved rounds in one process (all
+rows see the same machine state); `spread` is the lowest and highest per-round ratio.
 """
 
 from __future__ import annotations
@@ -104,11 +105,17 @@ def sync(device: str) -> None:
 
 
 def seconds(fn: Callable[[], object], device: str) -> float:
-    sync(device)
-    start = time.perf_counter()
+    """Time of `fn()`: on CUDA wall-clock between synchronisations; on CPU the process's CPU time (one torch thread),
+    which other jobs on a shared machine do not inflate by preempting it, as they do wall-clock time."""
+    if device != "cpu":
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        return time.perf_counter() - start
+    start = time.process_time()
     fn()
-    sync(device)
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
@@ -285,7 +292,8 @@ def render(results: dict[str, dict]) -> str:
         "alone, through the same runtime. Every row, bare included, computes the loss on every token. **FLOPs** are",
         "counted by `torch.utils.flop_counter` on an eager-attention copy over the same input, the same way for every",
         "row. **speed x FLOPs** = (tokens/s / bare's) x (FLOPs / bare's): 1.0 is the speed the arithmetic predicts.",
-        "Ratios are medians of interleaved rounds in one process; *spread* is the lowest and highest per-round ratio.",
+        "Times are the process's CPU time on CPU (one torch thread), wall-clock on CUDA. Ratios are medians of",
+        "interleaved rounds in one process; *spread* is the lowest and highest per-round ratio.",
         "",
     ]
     for device, data in results.items():
