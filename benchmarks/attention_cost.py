@@ -3,8 +3,8 @@ backbone on the same segments (DESIGN §7). Run: `.venv/bin/python benchmarks/at
 
 - bare: the same wrapped model read with memory disabled (each segment alone, the same runtime); every run, bare
   included, computes the loss on every token, so the LM head runs on every token of every run (docs/cost.md);
-- tokens/s: median over interleaved rounds (all runs in one process, so the ratios share the machine's noise; the two
-  CPU cores are shared with other jobs, so absolute numbers move between runs, ratios much less);
+- tokens/s: the process's CPU time (one thread; other jobs on the two shared cores inflate wall-clock time, not
+  this), median over interleaved rounds (all runs in one process, so the ratios share the machine's state);
 - FLOPs: counted by `torch.utils.flop_counter` on an eager-attention copy (sdpa on CPU is not counted); attention
   FLOPs are those inside the attention modules minus their projections (scores, weighted values, memory reading
   including the top-k scores and the TRAMS metric), the rest is projections, MLP and LM head;
@@ -73,9 +73,9 @@ def speed(models: dict, ids: torch.Tensor) -> dict[str, list[float]]:
         read(model, ids, name == "bare")  # warm-up
     for r in range(SIZE["rounds"]):
         for name in list(models) if r % 2 == 0 else list(reversed(models)):
-            start = time.perf_counter()
+            start = time.process_time()  # CPU time: other jobs on the shared cores do not inflate it
             read(models[name], ids, name == "bare")
-            runs[name].append(ids.numel() / (time.perf_counter() - start))
+            runs[name].append(ids.numel() / (time.process_time() - start))
     return runs
 
 
