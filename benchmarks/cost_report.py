@@ -248,8 +248,8 @@ def length(methods: list[str], device: str, rounds: int, lengths: list[int]) -> 
     return {"model": model, "segment": segment, "batch": batch, "lengths": lengths, "window": window, "rows": rows}
 
 
-def decode(methods: list[str], device: str, rounds: int) -> dict:
-    model, segment, batches = SETUPS[device]["decode"]
+def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = None) -> dict:
+    model, segment, batches = setup or SETUPS[device]["decode"]
     vocab = MODELS[model]["vocab_size"]
     greedy = dict(do_sample=False, pad_token_id=0)
     out = {"model": model, "segment": segment, "prompt": 8 * segment - segment // 2, "new_tokens": segment,
@@ -334,12 +334,12 @@ def render(results: dict[str, dict]) -> str:
                 cells = " | ".join(f"{r['ms'][str(n)]:.1f}" for n in run["lengths"])
                 lines.append(f"| `{name}` | {cells} | {r['last_over_first']:.2f} |")
             lines.append("")
-        if "decode" in data:
-            run = data["decode"]["results"]
+        for part in [k for k in data if k.startswith("decode")]:
+            run = data[part]["results"]
             batches = list(run["batches"])
             lines += [f"### Decode: {LABEL[run['model']]}, segments of {run['segment']}, {run['new_tokens']} new "
                       f"tokens after a {run['prompt']}-token prompt", "",
-                      _header(data["decode"], data["decode"]["command"]) + f", {run['rounds']} rounds", "",
+                      _header(data[part], data[part]["command"]) + f", {run['rounds']} rounds", "",
                       "| method | " + " | ".join(f"batch {b}: tokens/s | x bare (spread)" for b in batches) + " |",
                       "|---|" + "---|---|" * len(batches)]
             names = list(run["batches"][batches[0]])
@@ -372,6 +372,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=ha.available_methods())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--lengths", nargs="+", type=int, default=[8192, 32768, 131072])
+    parser.add_argument("--decode-setup", nargs="+", metavar="MODEL SEGMENT BATCH",
+                        help="decode on another model (name in MODELS), segment length and batches; its own table")
     parser.add_argument("--render-only", action="store_true", help="only re-render docs/cost.md")
     parser.add_argument("--peak-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -390,17 +392,25 @@ def main() -> None:
         "speed": lambda: speed(args.methods, args.device, args.rounds),
         "memory": lambda: memory(args.methods, args.device, args.rounds),
         "length": lambda: length(args.methods, args.device, args.rounds, args.lengths),
-        "decode": lambda: decode(args.methods, args.device, max(1, args.rounds - 2)),
+        "decode": lambda: decode(args.methods, args.device, max(1, args.rounds - 2), setup),
     }
+    setup = None
+    if args.decode_setup:
+        name, seg, *batches = args.decode_setup
+        setup = (name, int(seg), tuple(int(b) for b in batches))
     for part in [] if args.render_only else args.parts:
         started = time.perf_counter()
         result = measures[part]()
+        if part == "decode" and setup:
+            part = f"decode_{setup[0]}"
         old = data.get(part, {}).get("results", {})
         if part in ("speed", "memory"):  # rows of methods not re-measured keep their earlier numbers
             for key, run in result.items():
                 kept = {n: r for n, r in old.get(key, {}).get("rows", {}).items() if n not in run["rows"]}
                 run["rows"] = {**run["rows"], **kept}
-        data[part] = {"command": f"{command} --parts {part}", "provenance": provenance(), "results": result,
+        flags = f" --decode-setup {' '.join(args.decode_setup)}" if part.startswith("decode_") else ""
+        data[part] = {"command": f"{command} --parts {part.split('_')[0]}{flags} --rounds {args.rounds}",
+                      "provenance": provenance(), "results": result,
                       "seconds": round(time.perf_counter() - started, 1)}
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"{part}: {data[part]['seconds']} s", flush=True)
