@@ -287,13 +287,7 @@ def _spread(row: dict) -> str:
 def render(results: dict[str, dict]) -> str:
     lines = [
         "Rendered by `python benchmarks/cost_report.py` from `benchmarks/results/cost_report_<device>.json`; the",
-        "definitions (what bare computes, how FLOPs are counted, how times are taken) are in the script's docstring",
-        "and summarised here. **bare** is the same wrapped model with memory disabled: the backbone on each segment",
-        "alone, through the same runtime. Every row, bare included, computes the loss on every token. **FLOPs** are",
-        "counted by `torch.utils.flop_counter` on an eager-attention copy over the same input, the same way for every",
-        "row. **speed x FLOPs** = (tokens/s / bare's) x (FLOPs / bare's): 1.0 is the speed the arithmetic predicts.",
-        "Times are the process's CPU time on CPU (one torch thread), wall-clock on CUDA. Ratios are medians of",
-        "interleaved rounds in one process; *spread* is the lowest and highest per-round ratio.",
+        "definitions of bare, FLOPs and times are at the top of this page and in the script's docstring.",
         "",
     ]
     for device, data in results.items():
