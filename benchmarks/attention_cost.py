@@ -1,8 +1,10 @@
 """Attention-level memory (Transformer-XL, TRAMS, Memorizing Transformer, UniMix): inference cost against the bare
 backbone on the same segments (DESIGN §7). Run: `.venv/bin/python benchmarks/attention_cost.py` (a few minutes).
 
-- tokens/s: median over interleaved rounds (all runs in one process, so the ratios share the machine's noise; the two
-  CPU cores are shared with other jobs, so absolute numbers move between runs, ratios much less);
+- bare: the same wrapped model read with memory disabled (each segment alone, the same runtime); every run, bare
+  included, computes the loss on every token, so the LM head runs on every token of every run (docs/cost.md);
+- tokens/s: the process's CPU time (one thread; other jobs on the two shared cores inflate wall-clock time, not
+  this), median over interleaved rounds (all runs in one process, so the ratios share the machine's state);
 - FLOPs: counted by `torch.utils.flop_counter` on an eager-attention copy (sdpa on CPU is not counted); attention
   FLOPs are those inside the attention modules minus their projections (scores, weighted values, memory reading
   including the top-k scores and the TRAMS metric), the rest is projections, MLP and LM head;
@@ -42,12 +44,11 @@ RUNS: dict[str, tuple[str | None, dict]] = {
 }
 
 
-def build(name: str, attn: str = "sdpa") -> ha.MemoryModel | torch.nn.Module:
+def build(name: str, attn: str = "sdpa") -> ha.MemoryModel:
+    """The run's wrapped model; `bare` is a wrapped model read with memory disabled (the same runtime)."""
     method, overrides = RUNS[name]
     base = small_llama(SIZE["layers"], SIZE["dim"], SIZE["heads"], SIZE["kv_heads"], SIZE["ffn"], SIZE["vocab"], attn)
-    if method is None:
-        return base
-    return ha.wrap_with_memory(base, method, segment_length=N, **overrides).eval()
+    return ha.wrap_with_memory(base, method or "rmt", segment_length=N, **overrides).eval()
 
 
 def document() -> torch.Tensor:
@@ -55,36 +56,37 @@ def document() -> torch.Tensor:
     return torch.randint(0, SIZE["vocab"], (SIZE["batch"], N * SIZE["segments"]), generator=gen)
 
 
-def read(model, ids: torch.Tensor) -> None:
-    """One inference pass over `ids`: the wrapped model, or the bare backbone on each segment alone."""
+def read(model: ha.MemoryModel, ids: torch.Tensor, bare: bool = False) -> None:
+    """One evaluation pass over `ids` with the loss on every token (the LM head runs on every token of every run);
+    `bare`: memory disabled, the backbone on each segment alone through the same runtime (docs/cost.md)."""
     with torch.no_grad():
-        if isinstance(model, ha.MemoryModel):
-            model(input_ids=ids, return_logits=False)
-            return
-        for start in range(0, ids.shape[1], N):
-            model(input_ids=ids[:, start : start + N])
+        if bare:
+            with model.disable_memory():
+                model(input_ids=ids, labels=ids)
+        else:
+            model(input_ids=ids, labels=ids)
 
 
 def speed(models: dict, ids: torch.Tensor) -> dict[str, list[float]]:
     runs = {name: [] for name in models}
-    for model in models.values():
-        read(model, ids)  # warm-up
+    for name, model in models.items():
+        read(model, ids, name == "bare")  # warm-up
     for r in range(SIZE["rounds"]):
         for name in list(models) if r % 2 == 0 else list(reversed(models)):
-            start = time.perf_counter()
-            read(models[name], ids)
-            runs[name].append(ids.numel() / (time.perf_counter() - start))
+            start = time.process_time()  # CPU time: other jobs on the shared cores do not inflate it
+            read(models[name], ids, name == "bare")
+            runs[name].append(ids.numel() / (time.process_time() - start))
     return runs
 
 
 def flops(name: str, ids: torch.Tensor) -> dict[str, int]:
     model = build(name, attn="eager")
-    return counted_flops(lambda: read(model, ids))
+    return counted_flops(lambda: read(model, ids, name == "bare"))
 
 
 def state_bytes(name: str, ids: torch.Tensor) -> int:
     model = build(name)
-    if not isinstance(model, ha.MemoryModel):
+    if name == "bare":
         return 0
     with torch.no_grad():
         _, state = model.step(ids)
@@ -105,7 +107,7 @@ def peak_memory_child(name: str) -> None:
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the peak (VmHWM) to the current RSS: model building does not count
     before = status_bytes("VmRSS")
-    read(model, ids)
+    read(model, ids, name == "bare")
     print(json.dumps({"peak_extra": status_bytes("VmHWM") - before}))
 
 
@@ -113,8 +115,8 @@ def peak_memory(name: str) -> int:
     return in_fresh_process(__file__, "--peak", name)["peak_extra"]
 
 
-def keys_per_query(model) -> str:
-    if not isinstance(model, ha.MemoryModel):
+def keys_per_query(name: str, model: ha.MemoryModel) -> str:
+    if name == "bare":
         return f"n={N}"
     s = model.memory.settings
     return {
@@ -137,7 +139,7 @@ def measure() -> dict:
         rows[name] = {
             "method": RUNS[name][0],
             "overrides": RUNS[name][1],
-            "keys_per_query": keys_per_query(models[name]),
+            "keys_per_query": keys_per_query(name, models[name]),
             "memory_layers": list(models[name].memory.layers) if name != "bare" else [],
             "tokens_per_s": tps[name],
             "speed_vs_bare": tps[name] / tps["bare"],

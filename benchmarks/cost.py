@@ -62,14 +62,14 @@ def document(length: int, vocab: int = 8192, batch: int = 1) -> torch.Tensor:
 
 @torch.no_grad()
 def read_memory(model: ha.MemoryModel, ids: torch.Tensor) -> int:
-    model(input_ids=ids, return_logits=False)
+    model(input_ids=ids, labels=ids)  # the loss on every token, as bare (a bare run without targets runs nothing)
     return ids.numel()
 
 
 @torch.no_grad()
 def read_bare(model: ha.MemoryModel, ids: torch.Tensor) -> int:
     with model.disable_memory():
-        model(input_ids=ids, return_logits=False)
+        model(input_ids=ids, labels=ids)
     return ids.numel()
 
 

@@ -35,22 +35,29 @@ def legs_matrices(order: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tril(r[:, None] * r[None, :], diagonal=-1) + torch.diag(n + 1), r.clone()
 
 
-def legendre(z: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
-    """`P_0(z), P_1(z), ..., P_{count-1}(z)` by the (stable) three-term recurrence, one float64 tensor at a time."""
-    z = z.to(_F64)
-    prev, cur = torch.zeros_like(z), torch.ones_like(z)
+def _legendre_np(z: np.ndarray, count: int) -> Iterator[np.ndarray]:
+    """`P_0(z), ..., P_{count-1}(z)` (float64 numpy): the recurrences below run N short steps, where a numpy
+    operation costs a fraction of a torch call (the matrices of a stream are built every segment)."""
+    prev, cur = np.zeros_like(z), np.ones_like(z)
     for n in range(count):
         yield cur
         prev, cur = cur, ((2 * n + 1) * z * cur - n * prev) / (n + 1)
 
 
+def legendre(z: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
+    """`P_0(z), P_1(z), ..., P_{count-1}(z)` by the (stable) three-term recurrence, one float64 tensor at a time."""
+    for p in _legendre_np(z.detach().to(_F64).cpu().numpy(), count):
+        yield torch.from_numpy(p)
+
+
 def legs_basis(order: int, x: torch.Tensor, horizon: float, dtype: torch.dtype = _F64) -> torch.Tensor:
     """The reconstruction matrix `R[j, n] = g_n^(t)(x_j) = sqrt(2n+1) P_n(2 x_j / t - 1)` `[M, N]` (Eq. 7, 30)."""
-    z = 2 * x.to(_F64) / horizon - 1
-    out = torch.empty(order, z.shape[0], dtype=dtype)
-    for n, p in enumerate(legendre(z, order)):
-        out[n] = math.sqrt(2 * n + 1) * p
-    return out.T
+    z = 2 * torch.as_tensor(x).detach().to(_F64).cpu().numpy() / horizon - 1
+    out = np.empty((order, z.shape[0]))
+    for n, p in enumerate(_legendre_np(z, order)):
+        out[n] = p
+    out *= np.sqrt(2 * np.arange(order) + 1.0)[:, None]
+    return torch.from_numpy(out.T.copy()).to(dtype)
 
 
 def legs_kernel(order: int, start: int, end: int, horizon: int, dtype: torch.dtype = _F64) -> torch.Tensor:
@@ -60,17 +67,17 @@ def legs_kernel(order: int, start: int, end: int, horizon: int, dtype: torch.dty
     `z_p = 2p/h - 1`, `I_0(z) = z`, `I_n = (P_{n+1} - P_{n-1}) / (2n+1)`. With `horizon = end` this is the HiPPO
     kernel of the block (Eq. 6, 27); with `start = 0` the whole prefix state is `K @ F`.
     """
-    z = 2 * torch.arange(start, end + 1, dtype=_F64) / horizon - 1
-    out = torch.empty(order, end - start, dtype=dtype)
+    z = 2 * np.arange(start, end + 1, dtype=np.float64) / horizon - 1
+    out = np.empty((order, end - start))
     out[0] = 0.5 * (z[1:] - z[:-1])
-    values = legendre(z, order + 1)
+    values = _legendre_np(z, order + 1)
     below, current = next(values), next(values)  # P_{n-1}, P_n for n = 1
     for n in range(1, order):
         above = next(values)  # P_{n+1}
         integral = (above - below) / (2 * n + 1)
         out[n] = 0.5 * math.sqrt(2 * n + 1) * (integral[1:] - integral[:-1])
         below, current = current, above
-    return out
+    return torch.from_numpy(out).to(dtype)
 
 
 def legs_transition(order: int, start: int, end: int, dtype: torch.dtype = _F64) -> torch.Tensor:
@@ -80,28 +87,28 @@ def legs_transition(order: int, start: int, end: int, dtype: torch.dtype = _F64)
     polynomials `p_n(y) = P_n(2y - 1)`, `p_n(r y) = sum_m a^(n)_m p_m(y)` and `P[n, m] = r sqrt((2n+1)/(2m+1)) a^(n)_m`.
     The rows `a^(n)` follow Legendre's recurrence `(n+1) p_{n+1}(u') = (2n+1) u' p_n(u') - n p_{n-1}(u')` with
     `u' = r u + r - 1`, `u = 2y - 1`, where multiplying by `u` is tridiagonal in the `p_m` basis. O(N^2) work, each
-    row bounded (the map is a contraction), no matrix exponential.
+    row bounded (the map is a contraction), no matrix exponential. Rows are built in float64 numpy (N short steps).
     """
-    out = torch.zeros(order, order, dtype=dtype)
     if start == 0:
-        return out
+        return torch.zeros(order, order, dtype=dtype)
+    a = np.zeros((order, order))  # a[n, m] = a^(n)_m
     r = start / end
-    k = torch.arange(order + 1, dtype=_F64)
-    from_below = r * k / (2 * k - 1).clamp(min=1)  # u p_{k-1} contributes k/(2k-1) p_k
+    k = np.arange(order + 1, dtype=np.float64)
+    from_below = r * k / np.maximum(2 * k - 1, 1)  # u p_{k-1} contributes k/(2k-1) p_k
     from_above = r * (k + 1) / (2 * k + 3)  # u p_{k+1} contributes (k+1)/(2k+3) p_k
-    scale = torch.sqrt(2 * k + 1)
-    prev, cur = torch.zeros(order + 1, dtype=_F64), torch.zeros(order + 1, dtype=_F64)
+    prev, cur = np.zeros(order + 1), np.zeros(order + 1)
     cur[0] = 1.0
-    out[0, 0] = r
+    a[0, 0] = 1.0
     for n in range(order - 1):
         m = n + 2  # a^(n+1) lives on 0..n+1
-        nxt = torch.zeros(order + 1, dtype=_F64)
+        nxt = np.zeros(order + 1)
         nxt[1:m] = cur[: m - 1] * from_below[1:m]
         nxt[: m - 1] += cur[1:m] * from_above[: m - 1] + (r - 1) * cur[: m - 1]
         nxt[:m] = ((2 * n + 1) * nxt[:m] - n * prev[:m]) / (n + 1)
         prev, cur = cur, nxt
-        out[n + 1, :m] = (r * scale[n + 1]) * cur[:m] / scale[:m]
-    return out
+        a[n + 1, :m] = cur[:m]
+    scale = np.sqrt(2 * k[:order] + 1)
+    return torch.from_numpy(r * scale[:, None] * a / scale[None, :]).to(dtype)
 
 
 # ---- bank -----------------------------------------------------------------------------------------------------

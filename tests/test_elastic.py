@@ -222,3 +222,15 @@ def test_bad_settings_are_errors_that_name_the_value():
         ha.ElasticMemoryConfig(hippo_order=0)
     with pytest.raises(NotImplementedError, match="'elastic' injects memory into attention layers.*'mamba'"):
         ha.wrap_with_memory(tiny_backbone("mamba"), "elastic", segment_length=SEG)
+
+
+@pytest.mark.parametrize("count", [6, 8, 13])
+def test_the_one_uniform_readout_is_the_readout_at_every_length(count):
+    """Uniform points sit at 2j/L_mem - 1 of the Legendre interval for any t, so one matrix serves every state."""
+    model = elastic(memory_tokens=count)
+    hippo = HiPPOLegS(N)
+    one = model.memory._readout_at(1, torch.device("cpu"))
+    for t in (1, 7, 8, 100, 12345):
+        torch.testing.assert_close(model.memory._readout_at(t, torch.device("cpu")), one, atol=0, rtol=0)
+        per_length = hippo.basis(sample_points("uniform", t, count, N), t)
+        torch.testing.assert_close(one, per_length, atol=2e-6, rtol=1e-6)

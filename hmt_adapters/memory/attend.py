@@ -80,11 +80,16 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
     """
     heads, q_len = call.query.shape[1], call.query.shape[2]
     shared_only = gate is None and read.pq_logits is None
+    softcap = family_softcap(call)
+    if shared_only and q_len == 1 and not softcap and not call.dropout:  # one decoded token
+        local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
+        scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
+        out = one_token_attention(call.query, call.key, call.value, local, read, scaling)
+        return out.transpose(1, 2).contiguous(), None
     if shared_only and read.k.shape[1] == call.key.shape[1]:
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
     local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-    softcap = family_softcap(call)
     if shared_only and call.impl != "eager" and q_len > 1 and not softcap:  # memory per query head (TRAMS under GQA)
         out = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
     else:  # eager, gated, retrieved per query, soft-capped or one decoded token: explicit, nothing concatenated but logits
@@ -103,12 +108,39 @@ def prefix_attention(
 ) -> torch.Tensor:
     """`[B, Hq, q, D]`: torch SDPA over `[read.k ; key]` with every part brought to the query heads."""
     batch, heads, q_len, _ = query.shape
-    mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, read.k.shape[2])
-    visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
-    visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
+    size = read.k.shape[2]
+    if bool(read.visible.all()):  # every entry visible to every query: one mask for all heads, the local one widened
+        rows, local_heads = local_visible.shape[:2]
+        local = local_visible.expand(rows, local_heads, q_len, key.shape[2])
+        visible = torch.cat([local.new_ones(rows, local_heads, q_len, size), local], dim=-1)
+    else:
+        mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, size)
+        visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
+        visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
     keys = torch.cat([_all_heads(read.k, heads).to(query.dtype), _all_heads(key, heads)], dim=2)
     values = torch.cat([_all_heads(read.v, heads).to(query.dtype), _all_heads(value, heads)], dim=2)
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
+
+
+def one_token_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, local_visible: torch.Tensor, read: MemoryRead,
+    scaling: float,
+) -> torch.Tensor:
+    """`[B, Hq, 1, D]`: one decoded token over `[read ; local]` in one softmax (fp32), by grouped dot products.
+
+    Decoding calls every layer once per token: concatenating the memory to the window's keys and values (the prefix
+    path) copies all of them per token, which costs more than the dot products themselves; here nothing but the
+    logits is concatenated, and no key/value head is repeated (`head_scores`, `head_mix`).
+    """
+    size = read.k.shape[2]
+    logits = torch.cat([head_scores(query, read.k.to(query.dtype)), head_scores(query, key)], dim=-1).float() * scaling
+    mem_visible = expand_heads(read.visible, query.shape[1])
+    rows, heads = logits.shape[0], max(mem_visible.shape[1], local_visible.shape[1])
+    visible = torch.cat(
+        [mem_visible.expand(rows, heads, 1, size), local_visible.expand(rows, heads, 1, key.shape[2])], dim=-1
+    )
+    probs = torch.softmax(logits.masked_fill(~visible, torch.finfo(torch.float32).min), dim=-1).to(query.dtype)
+    return head_mix(probs[..., :size], read.v.to(query.dtype)) + head_mix(probs[..., size:], value)
 
 
 def _masked(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from ...attention import AttentionCall, AttentionContext
 from ...hippo import HiPPOLegS
+from ...memory.attend import MemoryRead, attend_memory
 from ...memory.reuse import read_once
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import ElasticMemoryConfig
@@ -76,6 +77,10 @@ class ElasticMemory(MemoryMethod):
         count = cfg.readout_tokens
         if t == 0:
             return torch.zeros(count, cfg.hippo_order, device=device)
+        if cfg.sampling == "uniform":
+            # x_j = j t / L_mem sits at 2 x_j / t - 1 = 2 j / L_mem - 1 of the Legendre interval whatever t is
+            # (Sec. 2.3): one readout for every state, built at t = L_mem where the points are the integers j.
+            t = count
         key = ("R", t, cfg.sampling, count, cfg.exp_alpha, str(device))
         hit = self.hippo.cache.get(key)
         if hit is not None:
@@ -122,7 +127,7 @@ class ElasticMemory(MemoryMethod):
             tokens = read_once(memory_tokens)
 
             def attend(call: AttentionCall, ctx: AttentionContext):
-                return call.run_with_prefix(*tokens(call, ctx), visible)
+                return attend_memory(call, MemoryRead(*tokens(call, ctx), visible))  # one joint softmax
 
             return attend
 

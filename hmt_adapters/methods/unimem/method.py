@@ -84,7 +84,10 @@ class UniMem(MemoryMethod):
         layout = Layout() if self.tokens is None else self.tokens.layout(state, self.memory_init, segment.mask)
         positions = self.settings.positions
         filled = int(state["valid"].sum(1).max())
-        frame = SegmentFrame(state["pos"], state["valid"], state["seen"], layout.prefix_length, positions, filled)
+        dense = bool(state["valid"][:, state["valid"].shape[1] - max(filled, 1) :].all())  # readers keep >= 1 slot
+        frame = SegmentFrame(
+            state["pos"], state["valid"], state["seen"], layout.prefix_length, positions, filled, dense
+        )
         layout.attention = AttentionContext(
             reads={i: self._attend(i, state, frame) for i in self.layers},
             record_layers=frozenset(self.layers),

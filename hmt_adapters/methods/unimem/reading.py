@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ...attention import AttentionCall, AttentionContext, apply_rope
 from ...memory.attend import MemoryRead
@@ -31,6 +32,7 @@ class SegmentFrame:
     prefix: int  # window slot of the segment's first token (input-level memory tokens come before it)
     scheme: str  # "original", "compact" or "pos0"
     filled: int  # slots that hold an entry in at least one row (the last ones of the store)
+    dense: bool = False  # every one of the `filled` slots holds an entry in every row (no mask needed)
 
     def query_positions(self, call: AttentionCall) -> torch.Tensor:
         """Stream positions `[B, q]` of the call's queries, from their window positions: read tokens count as the
@@ -72,14 +74,22 @@ def rotate_at(
     return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own RoPE function, if it has one
 
 
-def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Entries `slots` of `x` `[B, Hx, M, D]`: per row `[B, S]` -> `[B, Hx, S, D]`, or per head `[B, Hs, S]` ->
-    `[B, Hs, S, D]` where head h of `Hs` (a multiple of `Hx`) reads `x`'s head `h // (Hs / Hx)`."""
-    batch, heads, _, dim = x.shape
+def gather_slots(x: torch.Tensor, slots: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Entries `slots + offset` of `x` `[B, Hx, M, D]`: per row `[B, S]` -> `[B, Hx, S, D]`, or per head `[B, Hs, *]`
+    -> `[B, Hs, *, D]` where head h of `Hs` (a multiple of `Hx`) reads `x`'s head `h // (Hs / Hx)`.
+
+    One row lookup (`F.embedding`) in the flattened store, so the key/value heads are never repeated and the rows
+    are copied once (a `gather` with an index expanded over `D` is an order of magnitude slower on CPU).
+    `offset` indexes into a store whose first `offset` slots the slots leave out (the empty ones).
+    """
+    batch, heads, size, dim = x.shape
     if slots.dim() == 2:
-        return x.gather(2, slots[:, None, :, None].expand(batch, heads, slots.shape[1], dim))
-    index = slots.reshape(batch, heads, -1)[..., None].expand(-1, -1, -1, dim)
-    return x.gather(2, index).view(batch, slots.shape[1], slots.shape[2], dim)
+        slots = slots[:, None].expand(batch, heads, slots.shape[1])
+    per_head = slots.shape[1]
+    base = torch.arange(batch * heads, device=x.device).view(batch, heads, 1) * size + offset
+    base = base.repeat_interleave(per_head // heads, dim=1)  # query head h reads key/value head h // group
+    rows = (slots.reshape(batch, per_head, -1) + base).reshape(-1)
+    return F.embedding(rows, x.reshape(-1, dim)).view(*slots.shape, dim)
 
 
 def gather_rows(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -112,37 +122,55 @@ def read_union(
     global_tokens: int,
     topk: int,
 ) -> MemoryRead:
-    """Global entries and the window, shared by all queries, plus per-query top-k among the rest (UniMix)."""
-    batch, _, size, _ = k.shape
-    device = k.device
+    """Global entries and the window, shared by all queries, plus per-query top-k among the rest (UniMix).
+
+    Only the filled slots are read (the store is right-aligned, so they are its last `frame.filled`); of those, only
+    the newest `window` can be in any query's window, so the per-query masks cover those slots alone. The top-k
+    scores are one grouped matmul (query heads by their key/value head), the retrieved values one row lookup
+    (`gather_slots`): the joint softmax then costs `topk` entries per query, not the store (UniMem eq. 11-13).
+    """
+    store = k.shape[2]
+    size = max(frame.filled, 1)
+    shift = store - size  # empty slots left out; `gather_slots` indexes the whole (contiguous) store
+    k, pos, valid = k[:, :, shift:], frame.pos[:, shift:], frame.valid[:, shift:]
+    batch, device = k.shape[0], k.device
     slot = torch.arange(size, device=device)
-    count = frame.valid.sum(1)
+    count = valid.sum(1)
     first = size - count  # the buffer is right-aligned: the oldest valid entry
     start = size - min(window, size)  # only the newest `window` slots can be within distance `window`
-    is_global = frame.valid & (slot[None] < (first + global_tokens)[:, None])  # [B, M]
-    distance = frame.query_positions(call)[:, :, None] - frame.pos[:, None, :]  # [B, q, M]
-    in_window = (frame.valid & (slot[None] >= start))[:, None, :] & (distance <= window)
+    is_global = valid & (slot[None] < (first + global_tokens)[:, None])  # [B, S]
+    distance = frame.query_positions(call)[:, :, None] - pos[:, None, start:]  # [B, q, W]
+    in_window = valid[:, None, start:] & (distance <= window)
     g = torch.arange(global_tokens, device=device)
     g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
     g_visible = (g[None] < count[:, None])[:, None, :].expand(-1, distance.shape[1], -1)
     w_slots = slot[start:].expand(batch, -1)
-    w_visible = in_window[..., start:] & ~is_global[:, None, start:]  # a global entry is read once, as global
+    w_visible = in_window & ~is_global[:, None, start:]  # a global entry is read once, as global
     slots = torch.cat([g_slots, w_slots], dim=1)
-    shared_pos = frame.key_positions(gather_rows(frame.pos, slots))
+    shared_pos = frame.key_positions(gather_rows(pos, slots))
     k_shared = rotate_at(context, gather_slots(k, slots), shared_pos, call.query)
-    read = MemoryRead(k_shared, gather_slots(v, slots), torch.cat([g_visible, w_visible], dim=-1)[:, None])
+    read = MemoryRead(k_shared, gather_slots(v, slots, shift), torch.cat([g_visible, w_visible], dim=-1)[:, None])
     if topk == 0:
         return read
     heads, kv_heads, q_len, dim = call.query.shape[1], k.shape[1], call.query.shape[2], k.shape[-1]
-    k_all = rotate_at(context, k, frame.key_positions(frame.pos), call.query).to(call.query.dtype)
+    k_all = rotate_at(context, k, frame.key_positions(pos), call.query).to(call.query.dtype)
     grouped = (call.query * scaling_of(call)).reshape(batch, kv_heads, -1, dim)  # query heads by their K/V head
     logits = (grouped @ k_all.transpose(-1, -2)).view(batch, heads, q_len, size)
-    candidates = (frame.valid[:, None, :] & ~is_global[:, None, :] & ~in_window)[:, None]  # [B, 1, q, M]
-    values, index = logits.masked_fill_(~candidates, float("-inf")).topk(min(topk, size), dim=-1, sorted=False)
-    per_kv_head = index.reshape(batch, kv_heads, -1)[..., None].expand(-1, -1, -1, dim)
+    # Candidates: valid, not global, not in the query's window. Before `start` no slot is in a window: one mask per
+    # row, or, where every slot holds an entry, the global entries are the first slots of every row. The window
+    # slots get the per-query mask.
+    if frame.dense:
+        logits[..., : min(global_tokens, start)] = float("-inf")
+    else:
+        older = valid[:, :start] & ~is_global[:, :start]
+        logits[..., :start].masked_fill_(~older[:, None, None, :], float("-inf"))
+    if start < size:
+        rest = (valid[:, None, start:] & ~is_global[:, None, start:] & ~in_window)[:, None]  # [B, 1, q, W]
+        logits[..., start:].masked_fill_(~rest, float("-inf"))
+    values, index = logits.topk(min(topk, size), dim=-1, sorted=False)
     read.pq_logits = values
     read.pq_visible = values > float("-inf")
-    read.pq_v = v.gather(2, per_kv_head).view(batch, heads, q_len, -1, dim)
+    read.pq_v = gather_slots(v, index, shift)  # [B, Hq, q, K, D]
     return read
 
 
@@ -158,10 +186,26 @@ def read_trams(
     score: str,
     select_per: str,
 ) -> MemoryRead:
-    """The TRAMS selection of this layer's pool, per row and head, with the keys at the scheme's positions."""
+    """The TRAMS selection of this layer's pool, per row and head, with the keys at the scheme's positions.
+
+    Only the filled slots of the pool are read, and the metric is computed only where it decides something: for
+    the older slots (the newest `recent_keep` are always kept, spec trams.md §3.5), and only when more of them hold
+    entries than `select_size - recent_keep`; otherwise every filled slot is attended. The attended entries are
+    those of `trams_select` over the whole pool minus its empty slots (which attention masks anyway).
+    """
     w_q, norm_weight = query_weights
+    store = k.shape[2]
+    filled = max(frame.filled, 1)
+    shift = store - filled  # the empty slots of the right-aligned pool
+    heads = call.query.shape[1] if select_per == "query_head" else k.shape[1]
+    older = filled - min(recent_keep, filled)  # filled slots eligible for selection
     with torch.no_grad():
-        scores = trams_scores(k, w_q, norm_weight, call.query.shape[1], score, select_per)
-        slots = trams_select(scores, frame.valid, recent_keep, select_size)  # [B, Hr, S]
+        if older <= select_size - recent_keep:  # nothing to choose: every filled slot is attended
+            slots = torch.arange(shift, store, device=k.device).expand(k.shape[0], heads, filled)
+        else:
+            pool = k[:, :, shift : shift + older]
+            scores = trams_scores(pool, w_q, norm_weight, call.query.shape[1], score, select_per)
+            scores = F.pad(scores, (0, filled - older))  # the recent slots are kept whatever their score
+            slots = trams_select(scores, frame.valid[:, shift:], recent_keep, select_size) + shift  # [B, Hr, S]
     keys = rotate_at(context, gather_slots(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
     return MemoryRead(keys, gather_slots(v, slots), gather_rows(frame.valid, slots)[:, :, None, :])

@@ -1,0 +1,188 @@
+"""The fast memory reads (filled slots only, metric only where it decides, one row lookup per gather, one mask for
+all heads) give the outputs of the dense reads they replaced: those are kept here as references, verbatim, and
+patched into the method."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hmt_adapters as ha
+from hmt_adapters.memory import attend
+from hmt_adapters.memory.attend import MemoryRead, expand_heads, local_visibility, prefix_attention
+from hmt_adapters.methods.unimem import method as unimem_method
+from hmt_adapters.methods.unimem.reading import gather_rows, gather_slots, rotate_at, scaling_of
+from hmt_adapters.methods.unimem.trams import trams_scores, trams_select
+from tiny import random_ids, tiny_backbone
+
+L = 8
+
+
+# ---- the dense reads (the code before the fast paths) ------------------------------------------------------------
+
+
+def dense_gather(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    batch, heads, _, dim = x.shape
+    if slots.dim() == 2:
+        return x.gather(2, slots[:, None, :, None].expand(batch, heads, slots.shape[1], dim))
+    index = slots.reshape(batch, heads, -1)[..., None].expand(-1, -1, -1, dim)
+    return x.gather(2, index).view(batch, slots.shape[1], slots.shape[2], dim)
+
+
+def dense_read_union(k, v, frame, call, context, window, global_tokens, topk) -> MemoryRead:
+    """Scores, masks and top-k over the whole store, empty slots included."""
+    batch, _, size, _ = k.shape
+    device = k.device
+    slot = torch.arange(size, device=device)
+    count = frame.valid.sum(1)
+    first = size - count
+    start = size - min(window, size)
+    is_global = frame.valid & (slot[None] < (first + global_tokens)[:, None])
+    distance = frame.query_positions(call)[:, :, None] - frame.pos[:, None, :]
+    in_window = (frame.valid & (slot[None] >= start))[:, None, :] & (distance <= window)
+    g = torch.arange(global_tokens, device=device)
+    g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
+    g_visible = (g[None] < count[:, None])[:, None, :].expand(-1, distance.shape[1], -1)
+    w_slots = slot[start:].expand(batch, -1)
+    w_visible = in_window[..., start:] & ~is_global[:, None, start:]
+    slots = torch.cat([g_slots, w_slots], dim=1)
+    shared_pos = frame.key_positions(gather_rows(frame.pos, slots))
+    k_shared = rotate_at(context, dense_gather(k, slots), shared_pos, call.query)
+    read = MemoryRead(k_shared, dense_gather(v, slots), torch.cat([g_visible, w_visible], dim=-1)[:, None])
+    if topk == 0:
+        return read
+    heads, kv_heads, q_len, dim = call.query.shape[1], k.shape[1], call.query.shape[2], k.shape[-1]
+    k_all = rotate_at(context, k, frame.key_positions(frame.pos), call.query).to(call.query.dtype)
+    grouped = (call.query * scaling_of(call)).reshape(batch, kv_heads, -1, dim)
+    logits = (grouped @ k_all.transpose(-1, -2)).view(batch, heads, q_len, size)
+    candidates = (frame.valid[:, None, :] & ~is_global[:, None, :] & ~in_window)[:, None]
+    values, index = logits.masked_fill_(~candidates, float("-inf")).topk(min(topk, size), dim=-1, sorted=False)
+    per_kv_head = index.reshape(batch, kv_heads, -1)[..., None].expand(-1, -1, -1, dim)
+    read.pq_logits = values
+    read.pq_visible = values > float("-inf")
+    read.pq_v = v.gather(2, per_kv_head).view(batch, heads, q_len, -1, dim)
+    return read
+
+
+def dense_read_trams(k, v, frame, call, context, query_weights, select_size, recent_keep, score, select_per):
+    """The metric over the whole pool, the selection among all of its slots."""
+    w_q, norm_weight = query_weights
+    with torch.no_grad():
+        scores = trams_scores(k, w_q, norm_weight, call.query.shape[1], score, select_per)
+        slots = trams_select(scores, frame.valid, recent_keep, select_size)
+    keys = rotate_at(context, dense_gather(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
+    return MemoryRead(keys, dense_gather(v, slots), gather_rows(frame.valid, slots)[:, :, None, :])
+
+
+def dense_prefix_attention(query, key, value, local_visible, read, scaling, dropout=0.0):
+    """The per-query-head prefix with its mask materialised for every head."""
+    batch, heads, q_len, _ = query.shape
+    mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, read.k.shape[2])
+    visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
+    visible = visible | ~visible.any(-1, keepdim=True)
+    keys = torch.cat([attend._all_heads(read.k, heads), attend._all_heads(key, heads)], dim=2)
+    values = torch.cat([attend._all_heads(read.v, heads), attend._all_heads(value, heads)], dim=2)
+    return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=visible, scale=scaling)
+
+
+# ---- fast == dense ------------------------------------------------------------------------------------------------
+
+CASES = {
+    "topk_pos0": ("llama", "memorizing_transformer", dict(memory_size=40, topk=5, memory_layers=[0, 1]), "sdpa"),
+    "topk_original_gated": (
+        "qwen2", "memorizing_transformer", dict(memory_size=40, topk=3, positions="original", combine="gated"), "sdpa"
+    ),
+    "topk_eager": ("llama", "memorizing_transformer", dict(memory_size=24, topk=4, memory_layers=[0, 1]), "eager"),
+    "unimix": ("llama", "unimix", dict(memory_size=40, memory_tokens=2), "sdpa"),
+    "union": (
+        "qwen2", "unimix",
+        dict(memory_size=40, window=5, global_tokens=3, topk=2, memory_tokens=0, memory_layers=[0, 1]), "sdpa",
+    ),
+    "window": ("llama", "transformer_xl", dict(memory_size=30, reading="window", window=11), "sdpa"),
+    "global": (
+        "llama", "transformer_xl", dict(memory_size=30, reading="global", global_tokens=3, positions="pos0"), "sdpa"
+    ),
+    "trams": ("llama", "trams", dict(memory_size=32, select_size=12), "sdpa"),
+    "trams_kv_head": ("llama", "trams", dict(memory_size=32, select_size=12, select_per="kv_head"), "sdpa"),
+    "trams_paper_original": (
+        "qwen2", "trams",
+        dict(memory_size=32, select_size=10, recent_keep=4, select_score="paper", positions="original"), "sdpa",
+    ),
+    "trams_eager": ("llama", "trams", dict(memory_size=32, select_size=12), "eager"),
+    "trams_opt": ("opt", "trams", dict(memory_size=24, select_size=12), "sdpa"),
+}
+
+
+def outputs(model: ha.MemoryModel, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Logits of the whole document (partly filled stores in the first segments), of a left-padded batch, and
+    greedy tokens decoded after a prompt (the one-token paths)."""
+    with torch.no_grad():
+        return [
+            model(input_ids=ids).logits,
+            model(input_ids=ids, attention_mask=mask).logits,
+            model.generate(input_ids=ids[:, : 3 * L + 5], max_new_tokens=12, do_sample=False, pad_token_id=0),
+        ]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_reads_equal_the_dense_reads(case, monkeypatch):
+    family, method, overrides, impl = CASES[case]
+    ids = random_ids(2, 7 * L + 3)
+    mask = torch.ones_like(ids)
+    mask[1, :13] = 0
+    base = tiny_backbone(family)
+    base.set_attn_implementation(impl)
+    model = ha.wrap_with_memory(base, method, segment_length=L, **overrides).eval()
+    fast = outputs(model, ids, mask)
+    monkeypatch.setattr(unimem_method, "read_union", dense_read_union)
+    monkeypatch.setattr(unimem_method, "read_trams", dense_read_trams)
+    monkeypatch.setattr(attend, "prefix_attention", dense_prefix_attention)
+    dense = outputs(model, ids, mask)
+    torch.testing.assert_close(fast[0], dense[0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(fast[1], dense[1], atol=2e-6, rtol=1e-5)
+    assert torch.equal(fast[2], dense[2])
+
+
+def test_row_lookup_gather_equals_the_index_gather_per_row_and_per_query_head():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 9, 3, generator=gen)
+    per_row = torch.randint(0, 9, (2, 5), generator=gen)
+    per_head = torch.randint(0, 9, (2, 4, 6), generator=gen)  # 4 query heads over 2 key/value heads
+    assert torch.equal(gather_slots(x, per_row), dense_gather(x, per_row))
+    assert torch.equal(gather_slots(x, per_head), dense_gather(x, per_head))
+    per_query = torch.randint(0, 6, (2, 4, 3, 2), generator=gen)  # [B, Hq, q, K], into the last 6 slots
+    expected = dense_gather(x, (per_query + 3).reshape(2, 4, 6)).view(2, 4, 3, 2, 3)
+    assert torch.equal(gather_slots(x, per_query, offset=3), expected)
+
+
+def test_prefix_attention_with_one_mask_for_all_heads_equals_the_mask_per_head():
+    gen = torch.Generator().manual_seed(2)
+    B, Hq, Hkv, q, S, D = 2, 4, 2, 5, 7, 8
+    query = torch.randn(B, Hq, q, D, generator=gen)
+    key, value = torch.randn(B, Hkv, q, D, generator=gen), torch.randn(B, Hkv, q, D, generator=gen)
+    local = local_visibility(None, q, q, query.device)
+    for visible in (torch.ones(B, Hq, 1, S, dtype=torch.bool), torch.rand(B, Hq, 1, S, generator=gen) > 0.4):
+        read = MemoryRead(torch.randn(B, Hq, S, D, generator=gen), torch.randn(B, Hq, S, D, generator=gen), visible)
+        torch.testing.assert_close(
+            prefix_attention(query, key, value, local, read, 0.3),
+            dense_prefix_attention(query, key, value, local, read, 0.3),
+            atol=1e-6, rtol=1e-5,
+        )
+
+
+@pytest.mark.parametrize("memory_heads", [2, 4])  # key/value heads (Transformer-XL, Elastic) or query heads (TRAMS)
+def test_one_decoded_token_without_concatenation_equals_the_prefix_attention(memory_heads):
+    gen = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, n, S, D = 2, 4, 2, 6, 7, 8
+    query = torch.randn(B, Hq, 1, D, generator=gen)
+    key, value = torch.randn(B, Hkv, n, D, generator=gen), torch.randn(B, Hkv, n, D, generator=gen)
+    local = torch.ones(B, 1, 1, n, dtype=torch.bool)
+    local[1, ..., :2] = False  # a left-padded row
+    visible = torch.rand(B, memory_heads, 1, S, generator=gen) > 0.3
+    memory_k = torch.randn(B, memory_heads, S, D, generator=gen)
+    read = MemoryRead(memory_k, torch.randn(B, memory_heads, S, D, generator=gen), visible)
+    torch.testing.assert_close(
+        attend.one_token_attention(query, key, value, local, read, 0.3),
+        dense_prefix_attention(query, key, value, local, read, 0.3),
+        atol=1e-6, rtol=1e-5,
+    )
