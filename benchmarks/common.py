@@ -36,16 +36,21 @@ def small_llama(
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
 
 
-def interleaved_medians(runs: dict[str, Callable[[], float]], rounds: int = 5) -> dict[str, float]:
-    """Median of what each callable returns (a measurement), rounds interleaved so that every run sees the same
-    machine noise; one warm-up call each."""
+def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Every callable's measurement per round, rounds interleaved (reversed every other round) so that every run sees
+    the same machine noise; one warm-up call each."""
     for fn in runs.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
         for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
             samples[name].append(runs[name]())
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return samples
+
+
+def interleaved_medians(runs: dict[str, Callable[[], float]], rounds: int = 5) -> dict[str, float]:
+    """Median of what each callable returns (a measurement), by `interleaved`."""
+    return {name: statistics.median(v) for name, v in interleaved(runs, rounds).items()}
 
 
 def interleaved_speed(runs: dict[str, Callable[[], int]], rounds: int = 5) -> dict[str, float]:

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, counted_flops, in_fresh_process, provenance  # noqa: E402
+from common import RESULTS, ROOT, counted_flops, in_fresh_process, interleaved, provenance  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
@@ -116,17 +116,6 @@ def seconds(fn: Callable[[], object], device: str) -> float:
     start = time.process_time()
     fn()
     return time.process_time() - start
-
-
-def interleaved(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Every callable's measurement per round, rounds interleaved (reversed every other round) after one warm-up."""
-    for fn in runs.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(rounds):
-        for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
-            samples[name].append(runs[name]())
-    return samples
 
 
 def forward(model: ha.MemoryModel, ids: torch.Tensor, memory: bool) -> None:

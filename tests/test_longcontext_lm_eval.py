@@ -79,7 +79,9 @@ def test_registered_model_type_needs_an_adapter_for_a_backbone_name():
         MemoryLM(tiny_llama(8), tokenizer=tiny_tokenizer())
 
 
-def test_registered_model_type_builds_backbone_and_adapter_from_model_args(tmp_path):
+def saved_model_and_book_task(tmp_path):
+    """A tiny memory model saved as backbone + adapter folders, and a one-book perplexity task exported for lm-eval:
+    `(tokenizer, model, backbone folder, adapter folder, book texts, task folder)`."""
     tok = tiny_tokenizer()
     model = _model(tok)
     backbone, adapter = tmp_path / "backbone", tmp_path / "adapter"
@@ -88,6 +90,11 @@ def test_registered_model_type_builds_backbone_and_adapter_from_model_args(tmp_p
     model.save_pretrained(str(adapter))
     texts = [tok.decode(make_samples("passkey", tok, 160, 1, haystack="repeat")[0].input_ids)]
     folder = write_lm_eval_tasks(str(tmp_path / "tasks"), {}, tok, books={"book": texts})
+    return tok, model, backbone, adapter, texts, folder
+
+
+def test_registered_model_type_builds_backbone_and_adapter_from_model_args(tmp_path):
+    tok, model, backbone, adapter, texts, folder = saved_model_and_book_task(tmp_path)
     out = simple_evaluate(model="hmt-adapters", model_args=f"pretrained={backbone},adapter={adapter}",
                           tasks=["hmt_book"], task_manager=TaskManager(include_path=folder, include_defaults=False),
                           log_samples=True, bootstrap_iters=0)
@@ -129,14 +136,7 @@ def test_the_hmt_lm_eval_command_is_lm_evals_cli_with_the_model_type(tmp_path, m
     with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as fh:
         target = tomllib.load(fh)["project"]["scripts"]["hmt-lm-eval"]
     module, func = target.split(":")
-    tok = tiny_tokenizer()
-    model = _model(tok)
-    backbone, adapter = tmp_path / "backbone", tmp_path / "adapter"
-    model.backbone.save_pretrained(backbone)
-    tok.save_pretrained(backbone)
-    model.save_pretrained(str(adapter))
-    texts = [tok.decode(make_samples("passkey", tok, 160, 1, haystack="repeat")[0].input_ids)]
-    folder = write_lm_eval_tasks(str(tmp_path / "tasks"), {}, tok, books={"book": texts})
+    tok, model, backbone, adapter, texts, folder = saved_model_and_book_task(tmp_path)
     monkeypatch.setattr(sys, "argv", [
         "hmt-lm-eval", "--model", "hmt-adapters", "--model_args", f"pretrained={backbone},adapter={adapter}",
         "--tasks", "hmt_book", "--include_path", folder, "--device", "cpu", "--batch_size", "1",
