@@ -302,6 +302,8 @@ def main() -> None:
             found = ", ".join(str(p.relative_to(ROOT)) for p in pages) or "none"
             raise SystemExit(f"<!-- {name}:start/end --> markers must be in exactly one page of README.md, docs/*.md; "
                              f"found in: {found}")
+        if pages[0].parent != ROOT:  # links the renderers write from the repository root, made relative to the page
+            table = table.replace("](benchmarks/", "](../benchmarks/")
         texts[pages[0]] = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), texts[pages[0]])
         print(f"{name}: rendered into {pages[0].relative_to(ROOT)}")
     for page, text in texts.items():
