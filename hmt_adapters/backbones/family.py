@@ -10,10 +10,13 @@ import contextlib
 import inspect
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..attention import RopeFunction
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # a decoder layer's self-attention
 ATTENTION_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "ln_attn", "operator_norm")
@@ -114,21 +117,6 @@ def uses_rope(attn: nn.Module | None) -> bool:
     return bool(getattr(attn, "use_rope", True))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """The half-split pairing (Llama's, and `attention.rotate_half`'s)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _half_split_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Llama's RoPE of `x` `[..., D]` over the first `cos.shape[-1]` dims (`attention.apply_rope`'s default)."""
-    rot = cos.shape[-1]
-    return torch.cat([x[..., :rot] * cos + _rotate_half(x[..., :rot]) * sin, x[..., rot:]], dim=-1)
-
-
-RopeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def _qk_style(apply: Callable) -> RopeFunction:
     """`apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` (Cohere, GLM, Helium, ERNIE 4.5, ...) as a function of
     one tensor `[B, H, T, D]` and `cos, sin` broadcastable to `[B, H, T, Dc]`: the first `Dc` dims go through it."""
@@ -178,6 +166,8 @@ def own_rope(attn: nn.Module | None) -> RopeFunction | None:
         rope = _tensor_sin_cos_style(apply)
     else:
         return None
+    from ..attention import apply_rope  # attention imports the runtime, which imports this package
+
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, 3, 16, generator=gen)
     cos, sin = torch.randn(2, 1, 1, 3, 8, generator=gen)
@@ -185,7 +175,7 @@ def own_rope(attn: nn.Module | None) -> RopeFunction | None:
         theirs = rope(x, cos, sin)
     except (RuntimeError, TypeError, ValueError, IndexError):
         return None  # a form this wrapper does not know: the half split, checked at wrap time like every family
-    return None if torch.allclose(theirs, _half_split_rope(x, cos, sin)) else rope
+    return None if torch.allclose(theirs, apply_rope(x, cos, sin)) else rope  # Llama's half split
 
 
 def linear_weights(layer: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
