@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results file")
     p.add_argument("--update", action="store_true", help="add the missing samples to an existing --out")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device of the model and the memory store, e.g. cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the backbone's weights")
     p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     return p
 
@@ -79,10 +81,10 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
     (retrieval recall@k per layer; mean and minimum over samples)."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        cells.setdefault((row["reader"], row["task"], int(row["length"])), []).append(row)
-    lines = ["| reader | task | length | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
-             "layers with the needle readable (mean, min) |", "|---" * 8 + "|"]
-    for (reader, task, length), group in sorted(cells.items()):
+        cells.setdefault((row["reader"], row["task"], int(row["length"]), row.get("device", "cpu")), []).append(row)
+    lines = ["| reader | task | length | device | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
+             "layers with the needle readable (mean, min) |", "|---" * 9 + "|"]
+    for (reader, task, length, device), group in sorted(cells.items()):
         wall = sum(r["seconds_per_1k_tokens"] for r in group) / len(group)
         cpu = [1000 * r["cpu_seconds"] / length for r in group if r.get("cpu_seconds") is not None]
         rss = max(r.get("peak_rss_mb", 0) for r in group) / 1024
@@ -90,7 +92,7 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
         found = (f"{sum(x['layers_found'] for x in recall) / len(recall):.1f} / {recall[0]['layers']}, "
                  f"{min(x['layers_found'] for x in recall)}" if recall else "-")
         cpu_text = f"{sum(cpu) / len(cpu):.1f} (n={len(cpu)})" if cpu else "-"
-        lines.append(f"| `{reader}` | {task} | {length // 1024}k | {len(group)} | {wall:.1f} | {cpu_text} | "
+        lines.append(f"| `{reader}` | {task} | {length // 1024}k | {device} | {len(group)} | {wall:.1f} | {cpu_text} | "
                      f"{rss:.2f} | {found} |")
     return "\n".join(lines)
 
@@ -106,8 +108,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     done = {record_key(r) for r in load_records(args.out)}
-    base, tokenizer = load_backbone(args.model)
-    base.eval()
+    base, tokenizer = load_backbone(args.model, dtype=getattr(torch, args.dtype))
+    base.to(args.device).eval()
     context = args.context or base.config.max_position_embeddings
     fields = dict(args.infllm_fields)
     readers, configs = [], {}
@@ -149,8 +151,11 @@ def main() -> None:
                            "seconds": seconds, "seconds_per_1k_tokens": 1000 * seconds / length,
                            "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
                            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                           "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
+                                              if args.device.startswith("cuda") else None),
                            "config": configs[reader.name], "commit": commit, "machine": machine,
-                           "threads": torch.get_num_threads(), "command": " ".join(sys.argv)}
+                           "threads": torch.get_num_threads(), "device": args.device, "dtype": args.dtype,
+                           "command": " ".join(sys.argv)}
                     if isinstance(reader.model, ha.MemoryModel):
                         row["recall"] = retrieval_recall(reader.model, sample)
                         reader.model.memory.trace = {}
