@@ -216,7 +216,9 @@ class AttentionContext:
     calls: int = 0
     layer: int | None = None  # the layer whose attention runs now (RoPE can differ per layer type)
     notes: dict[int, Any] = field(default_factory=dict)  # per layer, what a method's read hands to its update
-    _rope_ids: int | None = None
+    # The position tensor the cache was computed for, held (not its `id`: a freed tensor's id is reused by the next
+    # one, which returned the previous decoding step's angles) with its in-place version counter.
+    _rope_for: tuple[torch.Tensor, int] | None = None
     _rope_cache: dict = field(default_factory=dict)
 
     def rope_at(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -238,8 +240,8 @@ class AttentionContext:
                 f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the positions "
                 "of its RoPE keys cannot be undone for memory."
             )
-        if self._rope_ids != id(position_ids):
-            self._rope_ids, self._rope_cache = id(position_ids), {}
+        if self._rope_for is None or self._rope_for[0] is not position_ids or self._rope_for[1] != position_ids._version:
+            self._rope_for, self._rope_cache = (position_ids, position_ids._version), {}
         kind = _rope_type(call.module, call.layer)
         if kind not in self._rope_cache:
             self._rope_cache[kind] = self.rotary(position_ids, call.query, call.layer)

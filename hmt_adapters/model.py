@@ -292,6 +292,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         state: MemoryState | None = None,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        return_logits: bool = True,
     ) -> tuple[MemoryCausalLMOutput, MemoryState]:
         """Feed the next chunk of a stream; chunk-by-chunk logits equal one `forward` over the concatenation.
 
@@ -301,7 +302,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         with the next chunk when the segment closes. With `labels`, the loss covers next-token targets inside the
         chunk. Under gradients the state keeps at most `bptt_depth` segments of graph; with `bptt_depth=None` the
         incoming state is detached, so gradients flow through the segments of one call and a stream's graph never
-        grows past one chunk.
+        grows past one chunk. `return_logits=False` (as in `forward`) returns no logits and runs the LM head only
+        where `labels` need it: reading a long document into memory then costs the backbone's body alone.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
         self._check_trainable(labels)
@@ -323,14 +325,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
         stream = Packing.of(mask_all)
         result, open_ids, open_mask = read_stream(
-            self.runtime, stream.pack(ids_all), stream.counts, None if targets is None else stream.pack(targets, IGNORE_INDEX), state
+            self.runtime, stream.pack(ids_all), stream.counts, None if targets is None else stream.pack(targets, IGNORE_INDEX), state,
+            keep_logits=return_logits,
         )
         new_state = result.state
         if open_ids.shape[1]:
             new_state.pending_ids, new_state.pending_mask = open_ids, open_mask
         out = MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
-            logits=stream.unpack(result.logits)[:, pending:],
+            logits=stream.unpack(result.logits)[:, pending:] if return_logits else None,
             memory_state=new_state,
         ).with_num_tokens(result.num_tokens if labels is not None else None)
         return out, new_state

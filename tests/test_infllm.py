@@ -11,7 +11,7 @@ import torch
 from tiny import random_ids, tiny_backbone
 
 import hmt_adapters as ha
-from hmt_adapters.attention import AttentionContext, apply_rope
+from hmt_adapters.attention import AttentionCall, AttentionContext, apply_rope
 from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.methods.unimem.infllm import InfLLM
 
@@ -114,6 +114,41 @@ def test_global_keys_are_seen_at_the_window_distance_from_every_query():
         rq, rk = (context.rope_at(torch.tensor([[x]]), q) for x in (p, p - 64))
         rotated = (apply_rope(q, rq[0][:, None], rq[1][:, None]) * apply_rope(k, rk[0][:, None], rk[1][:, None])).sum()
         torch.testing.assert_close(rotated, by_method, atol=1e-5, rtol=1e-5)
+
+
+def test_call_rope_follows_each_new_position_tensor():
+    """The per-call RoPE cache is keyed by the position tensor itself: keyed by `id()`, a freed tensor's id came
+    back for the next decoding step's positions and returned the previous step's angles (a query un-rotated one
+    position off, nondeterministically)."""
+    base = backbone()
+    layer = base.model.layers[0].self_attn
+    adapter = wrap(base).adapter
+    context = AttentionContext(rotary=adapter.rotary)
+    query = torch.zeros(1, 4, 1, 8)
+    for step in range(50):  # a fresh tensor per step, as transformers builds one per forward
+        positions = torch.tensor([[100 + step]])
+        call = AttentionCall(layer, query, query, query, None, None, 0.0, {"position_ids": positions}, "sdpa", None)
+        context.layer = 0
+        torch.testing.assert_close(context.call_rope(call)[0], context.rope_at(torch.tensor([[100 + step]]), query)[0])
+        del positions, call
+
+
+@pytest.mark.parametrize("cut", [160, 171])
+def test_generation_from_a_read_document_is_deterministic_and_equals_one_read(cut):
+    """A document read once (`step(return_logits=False)`), then answered from its state several times: the same
+    tokens and scores each time, and the same tokens as generating from the whole prompt."""
+    model = wrap(backbone())
+    ids = random_ids(1, 300, seed=1)
+    kwargs = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "eos_token_id": None,
+              "output_scores": True, "return_dict_in_generate": True}
+    whole = model.generate(ids, **kwargs)
+    with torch.no_grad():
+        out, state = model.step(ids[:, :cut], return_logits=False)
+    assert out.logits is None and state.segments_seen == cut // 16
+    for _ in range(10):
+        again = model.generate(ids[:, cut:], memory_state=state, **kwargs)
+        assert torch.equal(again.sequences[:, 300 - cut :], whole.sequences[:, 300:])
+        torch.testing.assert_close(torch.stack(again.scores), torch.stack(whole.scores), atol=1e-5, rtol=1e-5)
 
 
 def test_local_distances_stay_inside_the_trained_range_and_the_trace_names_the_blocks():

@@ -107,13 +107,15 @@ def test_generating_from_a_right_padded_batch_does_not_advise_left_padding():
     assert sum("right-padding was detected" in r for r in records) == 1
 
 
-def test_a_state_from_padded_steps_continues_each_row_in_generate():
+@pytest.mark.parametrize("return_logits", [True, False])
+def test_a_state_from_padded_steps_continues_each_row_in_generate(return_logits):
     model = wrap("hmt", "llama").eval()
     batch, mask, row, _ = padded_batch()
     greedy = dict(do_sample=False, pad_token_id=0, max_new_tokens=NEW, min_new_tokens=NEW)
     question = random_ids(len(batch), 3, seed=7)
-    with torch.no_grad():
-        _, state = model.step(batch, attention_mask=mask)  # rows end with different pending tokens
+    with torch.no_grad():  # rows end with different pending tokens; without logits the LM head never runs
+        out, state = model.step(batch, attention_mask=mask, return_logits=return_logits)
+    assert (out.logits is None) != return_logits
     out = model.generate(input_ids=question, memory_state=state, **greedy)[:, 3:]
     for i in (0, 3, len(batch) - 1):
         source = batch[i : i + 1][:, mask[i].bool()]
