@@ -36,6 +36,7 @@ import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
+from hmt_adapters.evaluation.shared_prefix import SharedPrefixes  # noqa: E402
 
 READERS = ("backbone", "infllm")
 DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="torch device of the model and the memory store, e.g. cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the backbone's weights")
+    p.add_argument("--no-shared-prefix", action="store_true",
+                   help="read every prompt from its beginning (default: samples sharing a haystack beginning read it "
+                        "once; the answers are the same, tests/test_infllm.py)")
     p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     return p
 
@@ -82,8 +86,8 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         cells.setdefault((row["reader"], row["task"], int(row["length"]), row.get("device", "cpu")), []).append(row)
-    lines = ["| reader | task | length | device | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
-             "layers with the needle readable (mean, min) |", "|---" * 9 + "|"]
+    lines = [("| reader | task | length | device | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
+              "layers with the needle readable (mean, min) |"), "|---" * 9 + "|"]
     for (reader, task, length, device), group in sorted(cells.items()):
         wall = sum(r["seconds_per_1k_tokens"] for r in group) / len(group)
         cpu = [1000 * r["cpu_seconds"] / length for r in group if r.get("cpu_seconds") is not None]
@@ -128,21 +132,33 @@ def main() -> None:
     machine = provenance()["machine"]
     for length in args.lengths:
         for task in args.tasks:
+            samples = []
             for i in range(args.samples):
-                seed, depth = args.seed + i, args.depths[i % len(args.depths)]
-                kwargs = {"seed": seed, "depth": depth}
+                kwargs = {"seed": args.seed + i, "depth": args.depths[i % len(args.depths)]}
                 if args.haystack:
                     kwargs["haystack"] = args.haystack
-                sample = TASKS[task](tokenizer, length, **kwargs)
-                for reader in readers:
-                    key = record_key({"reader": reader.name, "task": task, "haystack": sample.haystack,
-                                      "length": length, "depth": depth, "seed": seed})
-                    if key in done:
-                        continue
+                samples.append((kwargs, TASKS[task](tokenizer, length, **kwargs)))
+            for reader in readers:
+                todo = [(kw, s) for kw, s in samples if record_key(
+                    {"reader": reader.name, "task": task, "haystack": s.haystack, "length": length, **kw}) not in done]
+                shared = None
+                if isinstance(reader.model, ha.MemoryModel) and not args.no_shared_prefix:
+                    # deepest needle first: its run keeps the states the shallower samples continue from
+                    todo.sort(key=lambda item: -min((i.position for i in item[1].inserts), default=0))
+                    shared = SharedPrefixes(reader.model, [s.input_ids for _, s in todo])
+                    if todo:
+                        print(f"{reader.name} {task} {length}: {len(todo)} samples read "
+                              f"{shared.tokens_to_read / (len(todo) * length):.2f} of their tokens (shared haystack "
+                              "beginnings read once)", flush=True)
+                for j, (kwargs, sample) in enumerate(todo):
+                    seed, depth = kwargs["seed"], kwargs["depth"]
                     if isinstance(reader.model, ha.MemoryModel):
                         reader.model.memory.trace = {}
                     start, cpu_start = time.perf_counter(), time.process_time()
-                    new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
+                    if shared is not None:
+                        new = shared.generate(j, sample.extra["max_new_tokens"], pad)
+                    else:
+                        new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
                     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
                     prediction = tokenizer.decode(new, skip_special_tokens=True)
                     correct = score(sample.extra["metric"], prediction, sample.answers)
@@ -150,6 +166,7 @@ def main() -> None:
                            "prediction": prediction, "score": correct,
                            "seconds": seconds, "seconds_per_1k_tokens": 1000 * seconds / length,
                            "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
+                           "shared_prefix_tokens": shared.source.get(j, (0, 0))[1] if shared else 0,
                            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                            "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
                                               if args.device.startswith("cuda") else None),
@@ -160,7 +177,7 @@ def main() -> None:
                         row["recall"] = retrieval_recall(reader.model, sample)
                         reader.model.memory.trace = {}
                     append_record(args.out, row)
-                    done.add(key)
+                    done.add(record_key(row))
                     recall = row.get("recall") or {}
                     print(f"{reader.name:10} {task:18} {length:>7} depth {depth:.2f} seed {seed:3}: "
                           f"{row['score']:.2f} {prediction!r:24} {seconds:7.1f} s"

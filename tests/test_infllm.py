@@ -12,6 +12,10 @@ from tiny import random_ids, tiny_backbone
 
 import hmt_adapters as ha
 from hmt_adapters.attention import AttentionCall, AttentionContext, apply_rope
+from hmt_adapters.backbones.pretrained import smollm2_tokenizer
+from hmt_adapters.evaluation import TASKS
+from hmt_adapters.evaluation.runner import Reader
+from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
 from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.methods.unimem.infllm import InfLLM
 
@@ -151,6 +155,30 @@ def test_generation_from_a_read_document_is_deterministic_and_equals_one_read(cu
         torch.testing.assert_close(torch.stack(again.scores), torch.stack(whole.scores), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("task", ["passkey_standard", "niah_single_noise"])
+def test_the_noise_haystack_starts_at_its_first_sentence_for_every_seed(task):
+    tokenizer = smollm2_tokenizer()
+    deep, shallow = (TASKS[task](tokenizer, 600, seed=s, depth=d) for s, d in ((1, 0.9), (2, 0.2)))
+    needle = shallow.inserts[0].position
+    assert deep.input_ids[:needle] == shallow.input_ids[:needle]  # one prefix: read once for both (SharedPrefixes)
+    assert deep.input_ids[needle : needle + 5] != shallow.input_ids[needle : needle + 5]
+
+
+def test_prompts_sharing_a_beginning_read_it_once_and_answer_as_alone():
+    model = wrap(backbone())
+    trunk, other = random_ids(1, 200, seed=4)[0].tolist(), random_ids(1, 200, seed=5)[0].tolist()
+    prompts = [trunk[:150] + other[:50], trunk[:90] + other[:60], trunk + other[:7], other[:120], trunk[:40]]
+    shared = SharedPrefixes(model, prompts)
+    # prompt 1 continues from prompt 0 after 80 tokens (5 segments), prompt 2 from prompt 0 after 144; 3 and 4 alone
+    # (4 shares 40 tokens with 0, but only 32 in whole segments and needs a token of its own: 32)
+    assert shared.source == {1: (0, 80), 2: (0, 144), 4: (0, 32)} and shared.keep[0] == {32, 80, 144}
+    assert shared.tokens_to_read == sum(map(len, prompts)) - 80 - 144 - 32
+    alone = [Reader("alone", model).generate(p, 6, 0) for p in prompts]
+    assert [shared.generate(j, 6, 0) for j in range(len(prompts))] == alone
+    assert shared.states == {}  # every kept state was used and dropped
+    assert SharedPrefixes(model, prompts).generate(2, 6, 0) == alone[2]  # its source never ran: read from scratch
+
+
 def test_local_distances_stay_inside_the_trained_range_and_the_trace_names_the_blocks():
     model = wrap(backbone())
     model.memory.trace = {}
@@ -210,14 +238,7 @@ def test_config_round_trips_and_defaults_scale_with_the_context():
 
 
 def test_standard_passkey_and_noise_needle_tasks():
-    from hmt_adapters.backbones import smollm2
-
-    try:
-        _, tokenizer = smollm2()
-    except OSError:
-        pytest.skip("SmolLM2 is not in the local cache")
-    from hmt_adapters.evaluation import TASKS
-
+    tokenizer = smollm2_tokenizer()
     sample = TASKS["passkey_standard"](tokenizer, 2048, seed=1, depth=0.5)
     text = tokenizer.decode(sample.input_ids)
     key = sample.answers[0]

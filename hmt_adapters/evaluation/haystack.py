@@ -77,10 +77,13 @@ class Haystack:
 
     def fill(self, num_tokens: int, rng: random.Random) -> list[list[int]]:
         """Pieces totalling exactly `num_tokens` tokens: consecutive sentences from a random start, wrapping around
-        the haystack when it is shorter; the last piece is cut to fit."""
+        the haystack when it is shorter; the last piece is cut to fit. The `repeat` filler always starts at its first
+        sentence, as in the passkey paper's and RULER's prompts (so samples of one length share everything before
+        their needle); the start is drawn all the same, so the draws after it do not depend on the haystack."""
         if num_tokens < 0:
             raise ValueError(f"`num_tokens` must be >= 0, got {num_tokens}.")
-        out, total, index = [], 0, rng.randrange(len(self.pieces))
+        start = rng.randrange(len(self.pieces))
+        out, total, index = [], 0, 0 if self.name == "repeat" else start
         while total < num_tokens:
             piece = list(self.pieces[index % len(self.pieces)][: num_tokens - total])
             out.append(piece)
