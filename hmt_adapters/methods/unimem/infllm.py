@@ -162,14 +162,14 @@ class InfLLM(MemoryMethod):
         # local keys: the tail at its true positions relative to the chunk's window (it starts at window position 0)
         tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
         tail_rot = rotate_at(context, tail_k.to(dtype), tail_pos.expand(batch, tail_len), query)
-        own = local_visibility(call.attention_mask, q_len, call.key.shape[2], query.device)
-        own = own.expand(batch, heads if own.shape[1] > 1 else 1, q_len, call.key.shape[2])
-        local_k = torch.cat([tail_rot, call.key], dim=2)
-        local_v = torch.cat([tail_v.to(dtype), call.value], dim=2)
-        local_visible = torch.cat([tail_valid[:, None, None, :].expand(batch, own.shape[1], q_len, tail_len), own], -1)
+        own = local_visibility(call.attention_mask, q_len, call.key.shape[2], query.device)  # [B|1, 1|Hq, q, k]
+        # key parts (keys, values, visibility [B, 1|Hq, 1|q, n] or None where every query sees every key) of one
+        # softmax: global (sinks + retrieved blocks, read by the query rotated by W), then tail and own (local)
+        tail = (tail_rot, tail_v.to(dtype), None if bool(tail_valid.all()) else tail_valid[:, None, None, :])
+        local_parts = [tail, (call.key, call.value, None if bool(own.all()) else own)]
         sinks_k, sinks_v = state[f"sink.k.{layer}"], state[f"sink.v.{layer}"]
         has_blocks = num_blocks(state, layer) > 0
-        chosen, query_global, g_k, g_v, g_mask = None, None, None, None, None
+        chosen, query_global, global_part = None, None, None
         if sinks_k.shape[2] or has_blocks:
             # global part: the query rotated by W, stored keys unrotated (position 0): every entry at distance W
             rope = context.call_rope(call)
@@ -186,34 +186,30 @@ class InfLLM(MemoryMethod):
                 g_k = torch.cat([g_k.expand(batch, -1, -1, -1), b_k], dim=2)
                 g_v = torch.cat([g_v.expand(batch, -1, -1, -1), b_v], dim=2)
                 g_m = torch.cat([g_m, b_m], dim=-1)
-            g_k, g_v, g_mask = g_k.to(dtype), g_v.to(dtype), self._head_mask(g_m, heads)[:, :, None, :]
+            g_mask = None if bool(g_m.all()) else self._head_mask(g_m, heads)[:, :, None, :]
+            global_part = (g_k.to(dtype), g_v.to(dtype), g_mask)
         # Queries in slices whose fp32 logits stay under QUERY_SLICE_FLOATS: each slice's buffer is then reused by
         # the allocator instead of being mapped and zeroed anew (on CPU that page-faulting cost as much as the math).
-        keys = local_k.shape[2] + (0 if g_k is None else g_k.shape[2])
+        keys = tail_len + call.key.shape[2] + (0 if global_part is None else global_part[0].shape[2])
         rows = max(1, QUERY_SLICE_FLOATS // (batch * heads * keys))
-        outs, received = [], 0
+        outs, received = [], []
         for first in range(0, q_len, rows):
             last_row = min(q_len, first + rows)
-            q = query[:, :, first:last_row]
-            logits = [head_scores(q * scaling, local_k).float()]
-            masks = [local_visible[:, :, first:last_row]]
-            values = [local_v]
-            if g_k is not None:
-                logits.insert(0, head_scores(query_global[:, :, first:last_row] * scaling, g_k).float())
-                masks.insert(0, g_mask)
-                values.insert(0, g_v)
+            sliced = [(query[:, :, first:last_row], part) for part in local_parts]
+            if global_part is not None:
+                sliced.insert(0, (query_global[:, :, first:last_row], global_part))
+            logits, masks = [], []
+            for q, (k, _, visible) in sliced:
+                logits.append(head_scores(q * scaling, k).float())
+                masks.append(visible if visible is None or visible.shape[-2] == 1 else visible[..., first:last_row, :])
             probs = self._softmax(logits, masks, call.kwargs.get("softcap"))
-            out, start = 0, 0
-            for v in values:
-                width = v.shape[2]
-                out = out + head_mix(probs[..., start : start + width].to(dtype), v)
-                start += width
-            outs.append(out)
-            if layer in context.record_layers:
-                received = received + probs[..., start - local_k.shape[2] : start].sum(2)  # [B, Hq, tail + own]
+            outs.append(sum(head_mix(p.to(dtype), part[1]) for p, (_, part) in zip(probs, sliced)))
+            if layer in context.record_layers:  # attention each local key received, summed over queries
+                received.append(torch.cat([p.sum(2) for p in probs[-2:]], dim=-1))  # [B, Hq, tail + own]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         if layer in context.record_layers:  # closed segment: hand the local attention received to `update`
-            context.notes[layer] = (received[..., :tail_len], received[..., tail_len:][..., -q_len:])
+            total = received[0] if len(received) == 1 else torch.stack(received).sum(0)
+            context.notes[layer] = (total[..., :tail_len], total[..., tail_len:][..., -q_len:])
         if self.trace is not None:
             positions = call.kwargs.get("position_ids")
             last = int(positions.max()) if positions is not None else call.key.shape[2] - 1
@@ -228,21 +224,25 @@ class InfLLM(MemoryMethod):
         return out.transpose(1, 2).contiguous(), None
 
     @staticmethod
-    def _softmax(logits: list[torch.Tensor], masks: list[torch.Tensor], softcap: float | None) -> torch.Tensor:
-        """One fp32 softmax over the concatenated logit parts, each masked by its visibility (in place without
-        gradients; autograd's softmax when training through the backbone)."""
-        probs = torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0].clone()
+    def _softmax(logits: list[torch.Tensor], masks: list[torch.Tensor | None], softcap: float | None
+                 ) -> list[torch.Tensor]:
+        """One fp32 softmax over the logit parts together (eq. 1), each masked by its visibility (None: all
+        visible); the probabilities come back per part. Without gradients the parts are worked in place, never
+        concatenated; when training through the backbone, autograd's softmax over their concatenation."""
         if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
-            probs = torch.tanh(probs / softcap) * softcap
-        start = 0
+            logits = [torch.tanh(part / softcap) * softcap for part in logits]
+        low = torch.finfo(torch.float32).min
+        if torch.is_grad_enabled() and any(part.requires_grad for part in logits):
+            parts = [part if mask is None else part.masked_fill(~mask, low) for part, mask in zip(logits, masks)]
+            return list(torch.softmax(torch.cat(parts, dim=-1), dim=-1).split([p.shape[-1] for p in parts], dim=-1))
         for part, mask in zip(logits, masks):
-            width = part.shape[-1]
-            probs[..., start : start + width].masked_fill_(~mask, torch.finfo(probs.dtype).min)
-            start += width
-        if torch.is_grad_enabled() and probs.requires_grad:
-            return torch.softmax(probs, dim=-1)
-        probs.sub_(probs.amax(-1, keepdim=True)).exp_()
-        return probs.div_(probs.sum(-1, keepdim=True))  # a query that sees nothing (padding): a uniform row, no NaN
+            if mask is not None:
+                part.masked_fill_(~mask, low)
+        top = torch.stack([part.amax(-1) for part in logits if part.shape[-1]]).amax(0)[..., None]
+        total = 0
+        for part in logits:
+            total = total + part.sub_(top).exp_().sum(-1, keepdim=True)
+        return [part.div_(total) for part in logits]  # a query that sees nothing (padding): a uniform row, no NaN
 
     def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
         """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
