@@ -9,6 +9,7 @@ from .methods.rmt import RMTConfig
 from .methods.unimem import InfLLMConfig, TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .auto import AutoMemoryModelForCausalLM
+from .ask import ask
 from .outputs import MemoryCausalLMOutput, MemoryState
 from .registry import available_methods, register_method
 from .version import __version__
@@ -27,6 +28,7 @@ __all__ = [
     "TRAMSConfig",
     "UniMemConfig",
     "__version__",
+    "ask",
     "available_methods",
     "register_method",
     "wrap_with_memory",
