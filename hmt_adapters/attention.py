@@ -215,7 +215,7 @@ class AttentionContext:
     records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     calls: int = 0
     layer: int | None = None  # the layer whose attention runs now (RoPE can differ per layer type)
-    notes: dict[int, Any] = field(default_factory=dict)  # per layer, what a method's read hands to its update
+    notes: dict[int | str, Any] = field(default_factory=dict)  # what a method's read hands to its update (per layer)
     # The position tensor the cache was computed for, held (not its `id`: a freed tensor's id is reused by the next
     # one, which returned the previous decoding step's angles) with its in-place version counter.
     _rope_for: tuple[torch.Tensor, int] | None = None

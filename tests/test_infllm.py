@@ -164,6 +164,46 @@ def test_the_noise_haystack_starts_at_its_first_sentence_for_every_seed(task):
     assert deep.input_ids[needle : needle + 5] != shallow.input_ids[needle : needle + 5]
 
 
+def test_matched_blocks_hold_the_best_single_token_for_the_last_queries_and_come_first():
+    model = wrap(backbone(), match_blocks=1, match_queries=2)
+    with torch.no_grad():
+        _, state = model.step(random_ids(1, 300, seed=2))
+    method, tensors = model.memory, dict(state.tensors)
+    count = tensors["repr.0"].shape[2]
+    direction = torch.nn.functional.normalize(torch.randn(8, generator=torch.Generator().manual_seed(0)), dim=0)
+    target = count // 2
+    keys = tensors[f"block.k.0.{target}"].clone()
+    keys[0, :, 5] = 10 * direction  # one token of one block matches the question (both key/value heads)
+    tensors[f"block.k.0.{target}"] = keys
+    query = torch.zeros(1, 4, 6, 8)
+    query[:, :, :4] = -10 * direction  # older queries point away: only the last `match_queries` count
+    query[:, :, 4:] = direction
+    valid = torch.ones(1, 6, dtype=torch.bool)
+    assert method.match_blocks(0, tensors, query, valid).tolist() == [[target]]
+    valid[0, 5] = False  # the last real queries: 3 and 4 (3 points away, 4 towards; the sum still points towards)
+    query[:, :, 3] = 0.5 * direction
+    assert method.match_blocks(0, tensors, query, valid).tolist() == [[target]]
+    chosen = method.select_blocks(0, tensors, query, valid, matched=torch.tensor([[target]]))
+    plain = method.select_blocks(0, tensors, query, valid)
+    assert chosen.shape == (1, 1, 3) and target in chosen[0, 0].tolist()  # topk_blocks 2 + 1 matched, distinct
+    assert set(plain[0, 0].tolist()) - {target} <= set(chosen[0, 0].tolist())
+
+
+def test_decoding_steps_keep_the_blocks_the_question_matched():
+    model = wrap(backbone(), match_blocks=2, match_queries=4)
+    model.memory.trace = {}
+    ids = random_ids(1, 300, seed=1)  # the open segment at the question: 12 tokens, 3 decoding steps inside it
+    model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    question, *decoding = [c for c in model.memory.trace[1] if c["end"] >= 300]
+    assert question["end"] == 300 and [c["end"] for c in decoding] == [301, 302, 303]
+    # every step reads the 2 blocks the question matched besides its own top-2 (InfLLM's ranking of its one query)
+    assert all(len(c["selected"][0]) == 4 for c in decoding)
+    assert len(set.intersection(*(set(c["selected"][0]) for c in [question, *decoding]))) >= 2
+    assert wrap(backbone(), match_blocks=0).memory_config.match_blocks == 0
+    with pytest.raises(ValueError, match="match_layer"):
+        wrap(backbone(), match_blocks=1, match_layer=1, memory_layers=[0])
+
+
 def test_prompts_sharing_a_beginning_read_it_once_and_answer_as_alone():
     model = wrap(backbone())
     trunk, other = random_ids(1, 200, seed=4)[0].tolist(), random_ids(1, 200, seed=5)[0].tolist()

@@ -32,6 +32,7 @@ from ...method import Layout, MemoryMethod, Segment, State
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
+MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
 QUERY_SLICE_FLOATS = 4 * 2**20  # 16 MB of fp32 logits per query slice
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,6 +53,8 @@ class InfLLM(MemoryMethod):
         self.window, self.sinks, self.block = config.resolved(backbone.max_positions)
         layers = range(backbone.num_layers) if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
+        if config.match_blocks and config.match_layer not in self.layers:
+            raise ValueError(f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}.")
         # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
         self.trace: dict[int, list[dict[str, Any]]] | None = None
 
@@ -106,13 +109,14 @@ class InfLLM(MemoryMethod):
 
         return attend
 
-    def select_blocks(self, layer: int, state: State, query_global: torch.Tensor, query_valid: torch.Tensor
-                      ) -> torch.Tensor | None:
+    def select_blocks(self, layer: int, state: State, query_global: torch.Tensor, query_valid: torch.Tensor,
+                      matched: torch.Tensor | None = None) -> torch.Tensor | None:
         """Indices `[B, Hs, k]` (Hs = 1 per layer or Hkv per key/value head) of the blocks whose representative keys
-        best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks."""
+        best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks. With `matched`
+        `[B, m]` (question-aware blocks, `match_blocks`), those come first and the ranking fills the other k."""
         reps = state[f"repr.{layer}"]  # [B, Hq, N, D]
         count = reps.shape[2]
-        k = min(self.config.topk_blocks, count)
+        k = min(self.config.topk_blocks + (0 if matched is None else matched.shape[1]), count)
         if k == 0:
             return None
         weights = query_valid.to(query_global.dtype)[:, None, :, None]  # [B, 1, q, 1]
@@ -123,7 +127,28 @@ class InfLLM(MemoryMethod):
         else:
             kv = self.backbone.num_kv_heads
             scores = scores.view(scores.shape[0], kv, -1, count).sum(2)
+        if matched is not None:  # matched blocks rank first (each once), then InfLLM's ranking
+            scores = scores.scatter(-1, matched[:, None, :].expand(-1, scores.shape[1], -1), float("inf"))
         return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+
+    def match_blocks(self, layer: int, state: State, query_pre: torch.Tensor, query_valid: torch.Tensor
+                     ) -> torch.Tensor:
+        """`[B, m]` the `match_blocks` blocks whose best single token best matches the mean of the chunk's last
+        `match_queries` real queries, pre-RoPE on both sides, summed over heads (docs/infllm.md, "Question-aware
+        blocks"). Costs one pass over the layer's stored keys per chunk, not one per token."""
+        count, size = num_blocks(state, layer), self.block
+        last = query_valid.long().cumsum(1)
+        last = query_valid & (last > last[:, -1:] - self.config.match_queries)  # the last real queries of each row
+        weights = last.to(query_pre.dtype)[:, None, :, None]
+        mean_q = (query_pre * weights).sum(2) / weights.sum(2).clamp_min(1)  # [B, Hq, D]
+        batch, heads, dim = mean_q.shape
+        kv = self.backbone.num_kv_heads
+        grouped = mean_q.float().view(batch, kv, heads // kv, dim).sum(2)  # [B, Hkv, D]: a kv head's queries summed
+        keys = torch.cat([state[f"block.k.{layer}.{b}"] for b in range(count)], dim=2).float()  # [B, Hkv, N*size, D]
+        token = torch.einsum("bhd,bhnd->bn", grouped, keys)  # [B, N*size]
+        valid = torch.cat([state[f"block.valid.{b}"] for b in range(count)], dim=1)
+        token = token.masked_fill(~valid, float("-inf")).view(batch, count, size)
+        return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
 
     def gather_blocks(self, layer: int, state: State, chosen: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Keys, values `[B, Hkv, k * block, D]` and validity `[B, 1|Hkv, k * block]` of the chosen blocks."""
@@ -178,7 +203,10 @@ class InfLLM(MemoryMethod):
             query_valid = torch.ones(batch, q_len, dtype=torch.bool, device=query.device)
             if segment_mask is not None and segment_mask.shape[1] == q_len:  # the segment's own call (not decoding)
                 query_valid = segment_mask.bool().to(query.device)
-            chosen = self.select_blocks(layer, state, query_global, query_valid)
+            matched = None
+            if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
+                matched = self._matched(layer, state, context, query_pre, query_valid)
+            chosen = self.select_blocks(layer, state, query_global, query_valid, matched)
             g_k, g_v, g_m = sinks_k, sinks_v, state["sink.valid"][:, None, :]
             if chosen is not None:
                 b_k, b_v, b_m = self.gather_blocks(layer, state, chosen)
@@ -244,6 +272,20 @@ class InfLLM(MemoryMethod):
             total = total + part.sub_(top).exp_().sum(-1, keepdim=True)
         return [part.div_(total) for part in logits]  # a query that sees nothing (padding): a uniform row, no NaN
 
+    def _matched(self, layer: int, state: State, context: AttentionContext, query_pre: torch.Tensor,
+                 query_valid: torch.Tensor) -> torch.Tensor | None:
+        """The question-aware blocks of this call: ranked afresh in `match_layer` when the call has at least
+        `match_queries` queries (a chunk ending in the question), else those of the last such call (the open
+        segment's first call, then the last closed segment's, kept in the state): a decoding step's single query is
+        not the question. Later layers of the call read the same blocks."""
+        if layer == self.config.match_layer:
+            if query_pre.shape[2] >= self.config.match_queries or (
+                    MATCH_NOTE not in context.notes and "match" not in state):
+                context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
+            elif MATCH_NOTE not in context.notes:
+                context.notes[MATCH_NOTE] = state["match"]
+        return context.notes.get(MATCH_NOTE)
+
     def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
         """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
         rope = context.rope_at(torch.full((x.shape[0], 1), distance, device=x.device, dtype=torch.long), x)
@@ -286,6 +328,8 @@ class InfLLM(MemoryMethod):
             out[f"tail.v.{i}"] = torch.cat([state[f"tail.v.{i}"], v.detach().to(store)], dim=2)
             score = state[f"tail.score.{i}"] + received_tail.detach().float()
             out[f"tail.score.{i}"] = torch.cat([score, received_own.detach().float()], dim=2)
+        if MATCH_NOTE in context.notes:  # the blocks this segment matched stay the decoding steps' (see `_matched`)
+            out["match"] = context.notes[MATCH_NOTE]
         stored = self.stored(out)
         window_from = stored - self.window  # the next chunk's window start
         if out["sink.valid"].shape[1] == 0 and self.sinks and window_from >= self.sinks and \

@@ -45,6 +45,15 @@ class InfLLMConfig(MemoryConfig):
         memory_layers (`list[int]`, *optional*): Layers that read memory; `None`: all.
         store_dtype (`str`, *optional*):
             Dtype of the stored blocks' keys/values: `"float32"`, `"bfloat16"` or `"float16"` (`None`: the model's).
+        match_blocks (`int`, defaults to 0):
+            Beyond InfLLM, for documents with look-alike passages: this many more blocks per chunk, chosen in layer
+            `match_layer` by their best single token's match with the mean of the chunk's last `match_queries`
+            queries (pre-RoPE, heads summed), and read by that layer and every later one besides the `topk_blocks`
+            of InfLLM's ranking. Layer 0's keys are close to the token embeddings, so its best token matches the
+            question's words (a name) where block representatives see only which blocks are unusual
+            (docs/infllm.md, "Question-aware blocks"). 0: InfLLM's ranking alone.
+        match_layer (`int`, defaults to 0): The memory layer whose stored keys rank the `match_blocks`.
+        match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query.
     """
 
     segment_length: int = field(default=512, metadata={"help": "Execution chunk (tokens per call).", "min": 1})
@@ -65,6 +74,9 @@ class InfLLMConfig(MemoryConfig):
     store_dtype: str | None = field(
         default=None, metadata={"help": "Dtype of stored keys/values.", "choices": STORE_DTYPES, "nullable": True}
     )
+    match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
+    match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
+    match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
 
     @property
     def method_name(self) -> str:
@@ -72,6 +84,11 @@ class InfLLMConfig(MemoryConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.match_blocks and self.memory_layers is not None and self.match_layer not in self.memory_layers:
+            raise ValueError(
+                f"`match_layer` ({self.match_layer}) must be one of `memory_layers` {list(self.memory_layers)}: "
+                "the matched blocks are ranked by that layer's stored keys."
+            )
         block = self.block_size
         if block is not None and self.representative_keys > block:
             raise ValueError(
