@@ -34,6 +34,7 @@ from longcontext import parse_length  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
+from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes  # noqa: E402
@@ -134,7 +135,9 @@ def main() -> None:
         for task in args.tasks:
             samples = []
             for i in range(args.samples):
-                kwargs = {"seed": args.seed + i, "depth": args.depths[i % len(args.depths)]}
+                # multi-needle tasks place their needles at random depths (the record's depth is None)
+                depth = args.depths[i % len(args.depths)] if task in SINGLE_NEEDLE_TASKS else None
+                kwargs = {"seed": args.seed + i, "depth": depth}
                 if args.haystack:
                     kwargs["haystack"] = args.haystack
                 samples.append((kwargs, TASKS[task](tokenizer, length, **kwargs)))
@@ -179,7 +182,8 @@ def main() -> None:
                     append_record(args.out, row)
                     done.add(record_key(row))
                     recall = row.get("recall") or {}
-                    print(f"{reader.name:10} {task:18} {length:>7} depth {depth:.2f} seed {seed:3}: "
+                    print(f"{reader.name:10} {task:18} {length:>7} depth {depth if depth is None else round(depth, 2)} "
+                          f"seed {seed:3}: "
                           f"{row['score']:.2f} {prediction!r:24} {seconds:7.1f} s"
                           + (f"  recall {recall['layers_found']}/{recall['layers']} layers" if recall else ""),
                           flush=True)

@@ -322,6 +322,13 @@ def test_retrieval_recall_per_layer_at_the_question(topk, found):
     assert recall["blocks"] == (240 - 64 - 8) // 8  # 240 tokens closed before the question chunk was read
     inside = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("n", 0.9, position=240, num_tokens=5)], "none")
     assert retrieval_recall(model, inside)["layers_found"] == 2  # in the local window: always readable
+    # of several needles, the ones holding an answer count (a multi-key prompt's distractors need not be read)
+    needles = [Insert("the key is x", 0.9, position=240, num_tokens=5), Insert("the key is y", 0.2, position=40,
+                                                                               num_tokens=5)]
+    several = Sample("t", 250, ids[0].tolist(), ["x"], "q", needles, "none")
+    assert retrieval_recall(model, several)["layers_found"] == 2
+    several.answers = ["y"]
+    assert retrieval_recall(model, several)["per_layer"] == {"0": found, "1": found}
 
 
 def test_a_padded_row_reads_as_it_reads_alone():

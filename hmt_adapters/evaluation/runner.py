@@ -79,14 +79,17 @@ def answer_rows(readers: Sequence[Reader], samples: Sequence[Sample], tokenizer:
 def retrieval_recall(model: torch.nn.Module, sample: Sample) -> dict[str, Any] | None:
     """Retrieval recall@k per layer at the question, for a memory model whose method traces its block choices (the
     `"infllm"` method with `model.memory.trace = {}` set before the prompt is read): per layer, whether every
-    insert (needle) of `sample` was readable by the call that read the prompt's last token: in its local window or
+    insert (needle) of `sample` that holds an answer (every insert if none does) was readable by the call that read
+    the prompt's last token: in its local window or
     sinks, or in a retrieved block. None for models that trace nothing. It tells whether a failure is the scorer's
     (the needle's block not retrieved) or the reader's (retrieved, answered wrong)."""
     method = getattr(model, "memory", None)
     trace = getattr(method, "trace", None)
     if not trace:
         return None
-    spans = [(i.position, i.position + i.num_tokens) for i in sample.inserts]
+    # the needles that hold an answer (a multi-key prompt's distractors need not be read); all of them otherwise
+    holding = [i for i in sample.inserts if any(answer in i.text for answer in sample.answers)] or sample.inserts
+    spans = [(i.position, i.position + i.num_tokens) for i in holding]
     found, blocks = {}, None
     for layer, calls in sorted(trace.items()):
         call = next((c for c in calls if c["end"] == sample.length), None)
