@@ -154,6 +154,11 @@ _BACKBONE = (
 )
 # shipped adapter folder -> how it was trained
 CARDS = {
+    "smollm2-infllm": (
+        "Not trained: InfLLM's training-free block retrieval (Xiao et al. 2024) with its released settings scaled to "
+        "the backbone's 8k context (window 4096, 128 sink tokens, blocks of 128 tokens with 4 representative keys, "
+        f"the top 16 blocks per 512-token chunk), written by `wrap_with_memory(base, \"infllm\").save_pretrained`. {_BACKBONE}"
+    ),
     "smollm2-hmt": (
         "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/smollm2_pipeline.sh`: `examples/train_hmt.py "
         f"--method hmt {_RECIPE}stage 1 without retrieval over 2 segments, stage 2 with retrieval over 8; LoRA r = 8 on "
@@ -168,17 +173,30 @@ CARDS = {
 }
 
 
+def infllm_card_results() -> str | None:
+    """The block-retrieval cells measured so far (`benchmarks/infllm.py`), for the weight-free InfLLM card."""
+    from hmt_adapters.evaluation.records import load_records, markdown_tables
+
+    rows = load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))
+    if not rows:
+        return None
+    return ("Accuracy of greedy answers on SmolLM2-135M-Instruct (8k context), the bare model in its context against "
+            "this configuration far past it (`python benchmarks/infllm.py --table`; sample count and 95% Wilson "
+            "interval per cell; docs/infllm.md in hmt-adapters explains the runs):\n\n" + markdown_tables(rows))
+
+
 def model_cards() -> None:
     """Write the shipped adapters' model cards (`examples/adapters/<name>/README.md`) with the measured numbers."""
-    results = model_card_results()
-    if results is None:
-        print("model cards: no perplexity results yet, left as they are")
-        return
+    perplexity = model_card_results()
     import hmt_adapters as ha
     from hmt_adapters.backbones import smollm2
     from hmt_adapters.hub import render_model_card
 
     for name, training in CARDS.items():
+        results = infllm_card_results() if name == "smollm2-infllm" else perplexity
+        if results is None:
+            print(f"model card {name}: no results yet, left as it is")
+            continue
         base, _ = smollm2()  # records the portable base name the one-line load resolves offline
         folder = ROOT / "examples" / "adapters" / name
         model = ha.MemoryModel.from_pretrained(base, str(folder))

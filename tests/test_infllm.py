@@ -373,3 +373,17 @@ def test_smollm2_answers_a_needle_it_retrieved_from_memory():
     assert sample.answers[0] in tokenizer.decode(new)
     recall = retrieval_recall(model, sample)
     assert recall["blocks"] > 16 and recall["layers_found"] >= 27  # more blocks than retrieved; found in 27+ of 30
+
+
+def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says_so():
+    from pathlib import Path
+
+    from hmt_adapters.hub import render_model_card
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm"
+    model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
+    assert model.method == "infllm" and list(model.memory.parameters()) == []
+    assert (model.memory.window, model.memory.sinks, model.memory.block) == (4096, 128, 128)  # scaled to SmolLM2
+    card = str(render_model_card(wrap(backbone())))
+    assert "no trained weights" in card and "is_trainable" not in card and "ha.ask(model" in card
+    assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
