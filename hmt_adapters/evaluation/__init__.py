@@ -6,9 +6,11 @@ from .haystack import HAYSTACKS, Haystack, load_haystack
 from .runner import Reader, accuracy_table, answer_rows, book_nll, book_perplexity, retrieval_recall
 from .samples import Insert, Sample, build_sample
 from .scoring import METRICS, score
+from .shared_prefix import SharedPrefixes
 from .tasks import TASKS, make_samples
 
 __all__ = [
     "HAYSTACKS", "Haystack", "Insert", "METRICS", "Reader", "Sample", "TASKS", "accuracy_table", "answer_rows",
-    "book_nll", "book_perplexity", "build_sample", "load_haystack", "make_samples", "retrieval_recall", "score",
+    "SharedPrefixes", "book_nll", "book_perplexity", "build_sample", "load_haystack", "make_samples",
+    "retrieval_recall", "score",
 ]
