@@ -35,15 +35,24 @@ def demo() -> str | None:
     recall, smol = load("demo/recall"), load("demo/smollm2")
     if recall is None or smol is None:
         return None
-    lines = [f"What `make demo` printed (`benchmarks/results/demo/`, {commit(recall)}):", "",
-             f"**Part 1: recall**, a tiny Llama trained from scratch with HMT for {recall['steps']} steps "
+    lines = [f"What `make demo` printed (`benchmarks/results/demo/`, {commit(recall)}):", ""]
+    needle = load("demo/needle")
+    if needle is not None:
+        lines += [f"**Part 1: more context than the model was trained on, no training**: SmolLM2-135M (trained on "
+                  f"{needle['context']} tokens) asked about a {needle['length']}-token document (RULER single needle "
+                  f"in noise, needle at token {needle['needle_token']}, expected {needle['expected']}):", "",
+                  "| reader | answer | correct |", "|---|---|---|"]
+        lines += [f"| {r['reader']} | `{r['answer']}` | {'yes' if r['correct'] else 'no'} |" for r in needle["rows"]]
+        lines.append("")
+    part = 2 if needle is not None else 1
+    lines += [f"**Part {part}: recall**, a tiny Llama trained from scratch with HMT for {recall['steps']} steps "
              f"({recall['train_seconds']:.0f} s): exact 4-digit key accuracy (chance 0.0001)", "",
              "| segments (key in the first) | HMT memory | same backbone, one-segment window |", "|---|---|---|"]
     for gap, acc in sorted(recall["gaps"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"| {int(gap) + 2} | {acc['memory'][1]:.3f} | {acc['window'][1]:.3f} |")
     names = list(smol["ppl"])
     lengths = list(next(iter(smol["ppl"].values())))
-    lines += ["", f"**Part 2: SmolLM2-135M** on the held-out novel *{smol['document']}* with the shipped adapter "
+    lines += ["", f"**Part {part + 1}: SmolLM2-135M** on the held-out novel *{smol['document']}* with the shipped adapter "
               f"(perplexity of the tokens in (C/2, C]; window {smol['window']} tokens):", "",
               "| C | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for c in lengths:
@@ -51,6 +60,35 @@ def demo() -> str | None:
     lines.append("| all | " + " | ".join(f"{smol['overall'][n]:.2f}" for n in names) + " |")
     lines += ["", f"HMT continuing the novel (greedy, `generate` with memory): *\"{' '.join(smol['generation']['continuation'].split())}\"*"]
     return "\n".join(lines)
+
+
+def infllm_rows() -> list[dict]:
+    from hmt_adapters.evaluation.records import load_records
+
+    return load_records(str(RESULTS / "infllm.jsonl"))
+
+
+def infllm() -> str | None:
+    """The block-retrieval cells (`benchmarks/infllm.py`): accuracy with sample count and 95% interval per cell."""
+    from hmt_adapters.evaluation.records import markdown_tables
+
+    rows = infllm_rows()
+    if not rows:
+        return None
+    commits = ", ".join(f"`{c[:10]}`" for c in sorted({r["commit"] for r in rows if r.get("commit")}))
+    devices = ", ".join(sorted({r.get("device", "cpu") for r in rows}))
+    return (f"`python benchmarks/infllm.py --table` (SmolLM2-135M-Instruct, trained context 8192; fp32 on {devices}; "
+            f"commits {commits}): greedy answers of the bare model reading its last 8192 tokens, and of "
+            "`wrap_with_memory(base, \"infllm\")` (no training) reading the whole prompt; accuracy (samples n, 95% "
+            "Wilson interval). Lengths past 8k are past what the model was trained on.\n\n" + markdown_tables(rows).rstrip())
+
+
+def infllm_cost() -> str | None:
+    """Cost and retrieval recall per cell (`benchmarks/infllm.py --table`, second table)."""
+    from infllm import cost_and_recall
+
+    rows = infllm_rows()
+    return cost_and_recall(rows) if rows else None
 
 
 def recall() -> str | None:
@@ -288,15 +326,17 @@ def version_matrix() -> str | None:
     return "\n".join(lines)
 
 
-SECTIONS = {"support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
+SECTIONS = {"infllm-headline": infllm, "infllm": infllm, "infllm-cost": infllm_cost, "support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
             "longcontext": longcontext, "longcontext-tiny": longcontext_tiny, "real-text": real_text,
             "version-matrix": version_matrix}
 
 
 def record_demo(folder: str) -> None:
     """Copy a demo run's results into `benchmarks/results/demo/` with provenance."""
-    for name in ("recall", "smollm2"):
+    for name in ("needle", "recall", "smollm2"):
         source = ROOT / folder / f"{name}.json"
+        if name == "needle" and not source.is_file():  # demo runs before the needle part was added
+            continue
         if not source.is_file():
             raise SystemExit(f"--demo-output {folder!r} has no {name}.json: run `make demo` (DEMO_OUTPUT={folder}) first")
         write_result(f"demo/{name}", {"command": "make demo", **json.loads(source.read_text())})
