@@ -49,6 +49,10 @@ def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
             raise ValueError(f"`{name}` must be a bool, got {value!r}.")
         return
     kind = meta.get("type", type(default) if default is not None else int)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"`{name}` must be a string{_allowed(meta, default)}, got {value!r}.")
+        return
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"`{name}` must be an integer{_allowed(meta, default)}, got {value!r}.")
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):

@@ -258,9 +258,30 @@ def test_bf16_store_keeps_blocks_in_bf16_close_to_float32():
     assert (half - full).abs().max() < 0.05 * full.abs().max()
 
 
+def test_int8_store_quantizes_blocks_per_token_and_head_and_reads_close_to_float32(tmp_path):
+    base = backbone()
+    ids = random_ids(1, 224, seed=5)
+    model = wrap(base, store_dtype="int8", store_device="cpu")
+    with torch.no_grad():
+        full = wrap(base)(input_ids=ids).logits
+        quarter = model(input_ids=ids).logits
+        _, state = model.step(ids)
+        _, exact = wrap(base).step(ids)
+    keys, scale = state.tensors["block.k.0.0"], state.tensors["block.ks.0.0"]
+    assert keys.dtype == torch.int8 and scale.shape == (*keys.shape[:3], 1) and state.tensors["tail.v.1"].dtype == torch.float32
+    reference = exact.tensors["block.k.0.0"]
+    assert ((keys.float() * scale - reference).abs() <= scale / 2 + 1e-6).all()  # rounding error at most half a step
+    assert 0 < (quarter - full).abs().max() < 0.02 * full.abs().max()
+    state.save(tmp_path / "state")  # int8 blocks and their scales round-trip
+    loaded = ha.MemoryState.load(tmp_path / "state")
+    assert torch.equal(loaded.tensors["block.k.0.0"], keys) and torch.equal(loaded.tensors["block.vs.1.0"],
+                                                                          state.tensors["block.vs.1.0"])
+
+
 @pytest.mark.parametrize("fields, words", [
     ({"select_per": "head"}, ["select_per", "layer", "kv_head"]),
-    ({"store_dtype": "int4"}, ["store_dtype", "bfloat16"]),
+    ({"store_dtype": "int4"}, ["store_dtype", "bfloat16", "int8"]),
+    ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),
     ({"window": 240}, ["240", "exceeds", "256"]),
     ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
 ])

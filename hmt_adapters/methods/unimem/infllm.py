@@ -34,7 +34,17 @@ from .reading import rotate_at
 
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
 QUERY_SLICE_FLOATS = 4 * 2**20  # 16 MB of fp32 logits per query slice
-STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` `[..., D]` as int8 and one fp32 scale per row (absmax / 127): 1/4 of fp32's bytes, error <= scale / 2."""
+    scale = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
+    return (x.float() / scale).round_().to(torch.int8), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale).to(dtype)
 
 
 def num_blocks(state: State, layer: int) -> int:
@@ -61,7 +71,17 @@ class InfLLM(MemoryMethod):
     # ---- state ---------------------------------------------------------------------------------------------
 
     def _store_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return STORE_DTYPES[self.config.store_dtype] if self.config.store_dtype else dtype
+        """The dtype of the tail, sinks and representatives (int8 quantizes blocks only)."""
+        return STORE_DTYPES.get(self.config.store_dtype or "", dtype)
+
+    def _block_kv(self, state: State, layer: int, index: int, device: torch.device, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block `index`'s keys and values `[B, Hkv, block, D]` on `device` in `dtype` (dequantized if int8)."""
+        k, v = state[f"block.k.{layer}.{index}"], state[f"block.v.{layer}.{index}"]
+        if k.dtype == torch.int8:
+            k = dequantize(k.to(device), state[f"block.ks.{layer}.{index}"].to(device), dtype)
+            v = dequantize(v.to(device), state[f"block.vs.{layer}.{index}"].to(device), dtype)
+        return k.to(device, dtype), v.to(device, dtype)
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
         b = self.backbone
@@ -144,23 +164,27 @@ class InfLLM(MemoryMethod):
         batch, heads, dim = mean_q.shape
         kv = self.backbone.num_kv_heads
         grouped = mean_q.float().view(batch, kv, heads // kv, dim).sum(2)  # [B, Hkv, D]: a kv head's queries summed
-        keys = torch.cat([state[f"block.k.{layer}.{b}"] for b in range(count)], dim=2).float()  # [B, Hkv, N*size, D]
+        device = query_pre.device
+        keys = torch.cat([self._block_kv(state, layer, b, device, torch.float32)[0] for b in range(count)], dim=2)
         token = torch.einsum("bhd,bhnd->bn", grouped, keys)  # [B, N*size]
-        valid = torch.cat([state[f"block.valid.{b}"] for b in range(count)], dim=1)
+        valid = torch.cat([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(device)
         token = token.masked_fill(~valid, float("-inf")).view(batch, count, size)
         return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
 
-    def gather_blocks(self, layer: int, state: State, chosen: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Keys, values `[B, Hkv, k * block, D]` and validity `[B, 1|Hkv, k * block]` of the chosen blocks."""
+    def gather_blocks(self, layer: int, state: State, chosen: torch.Tensor, device: torch.device,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Keys, values `[B, Hkv, k * block, D]` (on `device`, in `dtype`) and validity `[B, 1|Hkv, k * block]` of the
+        chosen blocks; each block moves and is dequantized once per call, whatever rows or heads chose it."""
         batch, heads_sel, _ = chosen.shape
+        blocks = {j: self._block_kv(state, layer, j, device, dtype) for j in sorted(set(chosen.flatten().tolist()))}
         keys, values, valid = [], [], []
         for b in range(batch):
             per_head_k, per_head_v, per_head_m = [], [], []
             for h in range(heads_sel):
                 idx = chosen[b, h].tolist()
-                k = torch.cat([state[f"block.k.{layer}.{j}"][b] for j in idx], dim=1)  # [Hkv, k*block, D]
-                v = torch.cat([state[f"block.v.{layer}.{j}"][b] for j in idx], dim=1)
-                m = torch.cat([state[f"block.valid.{j}"][b] for j in idx], dim=0)
+                k = torch.cat([blocks[j][0][b] for j in idx], dim=1)  # [Hkv, k*block, D]
+                v = torch.cat([blocks[j][1][b] for j in idx], dim=1)
+                m = torch.cat([state[f"block.valid.{j}"][b] for j in idx], dim=0).to(device)
                 if heads_sel > 1:
                     k, v = k[h : h + 1], v[h : h + 1]
                 per_head_k.append(k)
@@ -209,7 +233,7 @@ class InfLLM(MemoryMethod):
             chosen = self.select_blocks(layer, state, query_global, query_valid, matched)
             g_k, g_v, g_m = sinks_k, sinks_v, state["sink.valid"][:, None, :]
             if chosen is not None:
-                b_k, b_v, b_m = self.gather_blocks(layer, state, chosen)
+                b_k, b_v, b_m = self.gather_blocks(layer, state, chosen, query.device, g_k.dtype)
                 g_m = g_m.expand(batch, b_m.shape[1], -1)
                 g_k = torch.cat([g_k.expand(batch, -1, -1, -1), b_k], dim=2)
                 g_v = torch.cat([g_v.expand(batch, -1, -1, -1), b_v], dim=2)
@@ -352,6 +376,14 @@ class InfLLM(MemoryMethod):
             out[f"tail.score.{i}"] = state[f"tail.score.{i}"][:, :, count:]
         return out
 
+    def _store_block(self, out: State, layer: int, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Block `index` of `layer` into `out`: quantized for the int8 store, on `store_device`."""
+        device = self.config.store_device or keys.device
+        if self.config.store_dtype == "int8":
+            (keys, k_scale), (values, v_scale) = quantize(keys), quantize(values)
+            out[f"block.ks.{layer}.{index}"], out[f"block.vs.{layer}.{index}"] = k_scale.to(device), v_scale.to(device)
+        out[f"block.k.{layer}.{index}"], out[f"block.v.{layer}.{index}"] = keys.to(device), values.to(device)
+
     def _cut_block(self, state: State) -> State:
         """The first `block_size` tail tokens become a block with one representative key per query head."""
         size, heads, kv_heads = self.block, self.backbone.num_heads, self.backbone.num_kv_heads
@@ -363,7 +395,7 @@ class InfLLM(MemoryMethod):
         for i in self.layers:
             k, v = state[f"tail.k.{i}"], state[f"tail.v.{i}"]
             block_k, block_v = k[:, :, :size].clone(), v[:, :, :size].clone()  # own storage: the tail is freed
-            out[f"block.k.{i}.{index}"], out[f"block.v.{i}.{index}"] = block_k, block_v
+            self._store_block(out, i, index, block_k, block_v)
             out[f"tail.k.{i}"], out[f"tail.v.{i}"] = k[:, :, size:], v[:, :, size:]
             score = state[f"tail.score.{i}"][:, :, :size].masked_fill(~valid[:, None, :], float("-inf"))
             out[f"tail.score.{i}"] = state[f"tail.score.{i}"][:, :, size:]

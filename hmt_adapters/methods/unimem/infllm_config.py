@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ...config import MemoryConfig
 
-STORE_DTYPES = ("float32", "bfloat16", "float16")
+STORE_DTYPES = ("float32", "bfloat16", "float16", "int8")
 SELECT_PER = ("layer", "kv_head")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
 INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
@@ -44,7 +46,12 @@ class InfLLMConfig(MemoryConfig):
             ranking per key/value head (the heads of its group summed).
         memory_layers (`list[int]`, *optional*): Layers that read memory; `None`: all.
         store_dtype (`str`, *optional*):
-            Dtype of the stored blocks' keys/values: `"float32"`, `"bfloat16"` or `"float16"` (`None`: the model's).
+            Dtype of the stored keys/values: `"float32"`, `"bfloat16"` or `"float16"` (`None`: the model's), or
+            `"int8"`: blocks quantized per token and head (absmax scale, 1/4 of fp32; the tail and sinks stay in
+            the model's dtype), dequantized when a chunk reads them.
+        store_device (`str`, *optional*):
+            Where blocks are kept, e.g. `"cpu"` for a model on a GPU: only the blocks a chunk retrieves travel to the
+            model's device (`None`: the model's device).
         match_blocks (`int`, defaults to 0):
             Beyond InfLLM, for documents with look-alike passages: this many more blocks per chunk, chosen in layer
             `match_layer` by their best single token's match with the mean of the chunk's last `match_queries`
@@ -74,6 +81,10 @@ class InfLLMConfig(MemoryConfig):
     store_dtype: str | None = field(
         default=None, metadata={"help": "Dtype of stored keys/values.", "choices": STORE_DTYPES, "nullable": True}
     )
+    store_device: str | None = field(
+        default=None,
+        metadata={"help": "Device of the stored blocks (None: the model's).", "type": str, "nullable": True},
+    )
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
@@ -84,6 +95,12 @@ class InfLLMConfig(MemoryConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.store_device is not None:
+            try:
+                torch.device(self.store_device)
+            except (RuntimeError, TypeError) as err:
+                raise ValueError(f"`store_device` must name a torch device (e.g. 'cpu', 'cuda:0') or be None, got "
+                                 f"{self.store_device!r}.") from err
         if self.match_blocks and self.memory_layers is not None and self.match_layer not in self.memory_layers:
             raise ValueError(
                 f"`match_layer` ({self.match_layer}) must be one of `memory_layers` {list(self.memory_layers)}: "
