@@ -37,13 +37,14 @@ def run(out_dir: str, length: int = 16384, **infllm_fields: int) -> dict:
     document, question = text[:cut], text[cut + 1 :]
     pad = tokenizer.eos_token_id
     ids = tokenizer(document + "\n" + question, return_tensors="pt").input_ids
-    kept = ids[:, -context_size:]  # what the bare model can read: its trained context
+    new_tokens = 12
+    kept = ids[:, -(context_size - new_tokens) :]  # what the bare model can read: its trained context, answer included
     with torch.no_grad():
-        bare = base.generate(kept, attention_mask=torch.ones_like(kept), max_new_tokens=12, do_sample=False,
+        bare = base.generate(kept, attention_mask=torch.ones_like(kept), max_new_tokens=new_tokens, do_sample=False,
                              pad_token_id=pad)
     bare_answer = tokenizer.decode(bare[0, kept.shape[1] :], skip_special_tokens=True).strip()
     model = ha.wrap_with_memory(base, "infllm", **infllm_fields).eval()
-    memory_answer = ha.ask(model, document, question, tokenizer, max_new_tokens=12)
+    memory_answer = ha.ask(model, document, question, tokenizer, max_new_tokens=new_tokens)
     rows = [
         {"reader": f"bare SmolLM2-135M (its last {kept.shape[1]} tokens)", "answer": bare_answer},
         {"reader": f"SmolLM2-135M + infllm (all {ids.shape[1]} tokens)", "answer": memory_answer},
