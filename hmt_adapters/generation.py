@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import GenerationConfig
 
+from .attention import MEMORY_KWARG
 from .backbones import positions_from_mask
 from .method import Layout, Segment
 from .outputs import MemoryState
 from .padding import Packing, align_ends, merge_rows, select_rows
-from .runtime import MEMORY_KWARG
 
 if TYPE_CHECKING:
     from .model import MemoryModel
