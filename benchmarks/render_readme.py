@@ -176,7 +176,7 @@ def model_cards() -> None:
         return
     import hmt_adapters as ha
     from hmt_adapters.backbones import smollm2
-    from hmt_adapters.hub import render_model_card
+    from hmt_adapters.saving.card import render_model_card
 
     for name, training in CARDS.items():
         base, _ = smollm2()  # records the portable base name the one-line load resolves offline

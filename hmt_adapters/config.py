@@ -12,13 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-CONFIG_NAME = "memory_config.json"
-
-# Keys `save_pretrained` writes beside the config fields; they describe the checkpoint, not the method.
-METADATA_KEYS = (
-    "format_version", "hmt_adapters_version", "base_model_name_or_path", "base_model_architecture", "base_model_type",
-    "embed_dim", "hidden_size", "num_hidden_layers", "vocab_size",
-)
+from .registry import get_method
+from .saving.files import CONFIG_NAME, METADATA_KEYS
 
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
@@ -141,8 +136,6 @@ class MemoryConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MemoryConfig":
         """Build the config of `data["method"]`, rejecting keys that are neither fields nor checkpoint metadata."""
-        from .registry import get_method
-
         data = dict(data)
         method = data.pop("method", None)
         if method is None:
