@@ -9,8 +9,9 @@ from .methods.rmt import RMTConfig
 from .methods.unimem import InfLLMConfig, TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .auto import AutoMemoryModelForCausalLM
-from .outputs import MemoryCausalLMOutput, MemoryState
+from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, register_method
+from .state import MemoryState
 from .version import __version__
 
 __all__ = [

@@ -19,12 +19,14 @@ from .backbones import get_backbone_adapter, is_peft, unwrap_causal_lm
 from .backbones.wrapping import check_causal_lm
 from .compat import CACHE_KWARG, cache_kwargs, one_cache
 from .config import MemoryConfig
-from .generation import MemoryGenerationCache, check_generation_options, padding_handled
-from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
-from .padding import Packing, read_stream
+from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, get_method, method_for_config
 from .runtime import IGNORE_INDEX, SegmentRuntime, resolve_keep_logits, shift_targets
+from .runtime.generation import MemoryGenerationCache, check_generation_options, padding_handled
+from .runtime.packing import Packing
+from .runtime.stream import read_stream
 from .saving import adapter_io, card, checkpoint, hub
+from .state import STATE_SIGNATURE, MemoryState
 
 
 def _methods_without_attention() -> list[str]:

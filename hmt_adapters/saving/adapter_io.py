@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 from ..backbones import BackboneAdapter, get_backbone_adapter, is_peft
 from ..compat import peft_on_transformers5
 from ..config import MemoryConfig, read_json_object
-from ..outputs import check_finite
 from ..registry import get_method
+from ..state import check_finite
 from ..version import __version__
 from . import checkpoint, hub
 from .files import (

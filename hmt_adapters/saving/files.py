@@ -32,7 +32,7 @@ TOKENIZER_FILES = (
 GUARD_NAME = "config.json"
 CARD_TEMPLATE = "memory_adapter_card.md"  # in the package `hmt_adapters.model_cards`
 
-STATE_NAME = "memory_state.safetensors"  # `MemoryState.save`
+STATE_NAME = "memory_state.safetensors"  # the usual name of a `MemoryState.save` file (any path works)
 # safetensors metadata `hmt_adapters_file`: what a weights file holds
 ADAPTER_FILE_KIND = "memory_adapter"
 STATE_FILE_KIND = "memory_state"

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .attention import MEMORY_KWARG
-from .backbones import BackboneAdapter
-from .method import Layout, MemoryMethod, Segment, State
+from ..attention import MEMORY_KWARG
+from ..backbones import BackboneAdapter
+from ..method import Layout, MemoryMethod, Segment, State
+from ..state import MemoryState
 from .offload import ActivationOffload
-from .outputs import MemoryState
 
 IGNORE_INDEX = -100
 # Runtimes whose memory is off in the current thread / task (`SegmentRuntime.memory_disabled`): a per-call switch, so
