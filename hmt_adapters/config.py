@@ -15,6 +15,10 @@ from typing import Any, ClassVar
 from .registry import get_method
 from .saving.files import CONFIG_NAME, METADATA_KEYS
 
+# Fields that say how this process runs the method, not what the adapter is: `memory_config.json` never records
+# them (`to_json_string`), and a file that does (written before they were left out) has them ignored on load.
+RUNTIME_SWITCHES = ("offload_activations", "gradient_checkpointing")
+
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """The JSON object in `path`; a `ValueError` naming `what` and the file when it is not valid JSON or not an object."""
@@ -87,6 +91,9 @@ class MemoryConfig:
             Move each segment's saved activations to CPU memory (parameters are never copied).
         gradient_checkpointing (`bool`, defaults to `False`):
             Recompute each segment in the backward pass instead of keeping its activations.
+
+    `offload_activations` and `gradient_checkpointing` are runtime switches (`RUNTIME_SWITCHES`): set here or by
+    `model.gradient_checkpointing_enable()`, but not saved with the adapter.
     """
 
     method: ClassVar[str] = ""
@@ -146,7 +153,9 @@ class MemoryConfig:
         return entry.make_config(method, **data)
 
     def to_json_string(self, **metadata: Any) -> str:
-        return json.dumps({**self.to_dict(), **metadata}, indent=2, sort_keys=True) + "\n"
+        """The JSON written to `memory_config.json`: the fields without the runtime switches, plus `metadata`."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in RUNTIME_SWITCHES}
+        return json.dumps({**fields, **metadata}, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str | os.PathLike, **metadata: Any) -> str:
         """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the fields)."""

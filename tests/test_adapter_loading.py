@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, 
 import hmt_adapters as ha
 from hmt_adapters.backbones import pretrained
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
-from hmt_adapters.config import MemoryConfig
+from hmt_adapters.config import RUNTIME_SWITCHES, MemoryConfig
 from hmt_adapters.data import WindowCollator
 from hmt_adapters.saving import adapter_io
 from longcontext_tiny import tiny_llama, tiny_tokenizer
@@ -279,6 +279,31 @@ def test_the_shipped_adapter_configs_are_complete_for_this_version():
         assert meta["format_version"] == adapter_io.FORMAT_VERSION
         assert meta["base_model_name_or_path"] == pretrained.SMOLLM2_NAME
         assert (meta["base_model_architecture"], meta["embed_dim"], meta["vocab_size"]) == ("LlamaForCausalLM", 576, 49152)
+        # written before the runtime switches were left out of the file: they load, with the switches off
+        recorded = json.loads((folder / "memory_config.json").read_text())
+        assert {k: recorded[k] for k in RUNTIME_SWITCHES if k in recorded} == dict.fromkeys(RUNTIME_SWITCHES, False)
+        assert not any(getattr(config, k) for k in RUNTIME_SWITCHES)
+
+
+def test_runtime_switches_are_not_saved_and_a_file_that_records_them_loads(tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8, offload_activations=True)
+    model.gradient_checkpointing_enable()
+    model.save_pretrained(tmp_path)
+    assert not set(RUNTIME_SWITCHES) & set(json.loads((tmp_path / "memory_config.json").read_text()))
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert not loaded.is_activation_checkpointing and not loaded.memory_config.offload_activations
+    # the format of earlier saves (format 2 with both switches recorded): loads, the recorded switches are ignored
+    edit_config(tmp_path, gradient_checkpointing=True, offload_activations=True)
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert not loaded.is_activation_checkpointing and not loaded.memory_config.offload_activations
+    assert loaded.loading_info["missing_keys"] == []
+    # as loading options the switches apply, and change no weight
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), is_trainable=True,
+                                            gradient_checkpointing=True, offload_activations=True)
+    assert loaded.is_activation_checkpointing and loaded.memory_config.offload_activations
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        assert torch.allclose(loaded.eval()(input_ids=ids).logits, model.eval()(input_ids=ids).logits, atol=1e-5)
 
 
 def test_loading_copies_nothing_when_the_adapter_has_no_peft_part(tmp_path):
