@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hmt_adapters as ha
-from hmt_adapters.hippo import HiPPOLegS
+from hmt_adapters.methods.elastic import HiPPOLegS
 
 from common import RESULTS, write_result  # benchmarks/ is the script folder
 

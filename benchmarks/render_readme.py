@@ -228,7 +228,7 @@ def model_cards() -> None:
     perplexity = model_card_results()
     import hmt_adapters as ha
     from hmt_adapters.backbones import smollm2
-    from hmt_adapters.hub import render_model_card
+    from hmt_adapters.saving.card import render_model_card
 
     for name, training in CARDS.items():
         results = infllm_card_results() if name == "smollm2-infllm" else perplexity

@@ -94,7 +94,7 @@ def _unpack(packed):
 
 def metered_offload(meter: SavedBytes):
     """On a CPU, the runtime's offload hooks keep every tensor in place; count what they would move as host bytes."""
-    from hmt_adapters.offload import ActivationOffload
+    from hmt_adapters.runtime.offload import ActivationOffload
 
     class MeteredOffload(ActivationOffload):
         def _pack(self, t):

@@ -10,8 +10,9 @@ from .methods.unimem import InfLLMConfig, TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .auto import AutoMemoryModelForCausalLM
 from .ask import ask
-from .outputs import MemoryCausalLMOutput, MemoryState
+from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, register_method
+from .state import MemoryState
 from .version import __version__
 
 __all__ = [

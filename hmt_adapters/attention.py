@@ -19,9 +19,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .runtime import MEMORY_KWARG
-
 PREFIX = "hmt_memory_"
+MEMORY_KWARG = "memory_context"  # keyword that carries attention-level memory to the patched attention function
 
 # (position_ids, like, layer) -> (cos, sin) or, for a family rotating its own way, (cos, sin, its RoPE function)
 Rotary = Callable[..., "tuple | None"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,33 +16,18 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from . import hub
-from .backbones.pretrained import SMOLLM2_NAME, smollm2, smollm2_tokenizer
-from .config import CONFIG_NAME, read_json_object
+from .backbones.pretrained import KNOWN_BASES, KNOWN_TOKENIZERS
+from .config import read_json_object
 from .model import MemoryModel
+from .saving import hub
+from .saving.files import CONFIG_NAME
 
 logger = logging.getLogger(__name__)
 
-# Base models built by this package rather than downloaded: name -> (builder(dtype, **kwargs), code shown on cards,
-# the Hub repo the weights come from, for the card's `base_model` metadata).
-KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str, str]] = {
-    SMOLLM2_NAME: (
-        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]", "HuggingFaceTB/SmolLM2-135M-Instruct"
-    ),
-}
-# The tokenizers of the known bases (loaded without their weights).
-KNOWN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerBase]] = {SMOLLM2_NAME: smollm2_tokenizer}
 # Download keywords that also apply to a base model fetched from the Hub (revision and subfolder are the adapter's).
 BASE_DOWNLOAD_KWARGS = ("token", "cache_dir", "local_files_only", "force_download")
 # Keywords of the base model's loader that also say where its tokenizer comes from.
 TOKENIZER_KWARGS = ("revision", "subfolder", "token", "cache_dir", "local_files_only", "force_download")
-
-
-def base_model_code(name: str | None) -> str:
-    """The Python lines that import what they need and build the base model `name` as `base` (for model cards)."""
-    if name in KNOWN_BASES:
-        return f"import hmt_adapters\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
-    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")'
 
 
 def load_base_model(name: str, dtype: torch.dtype | None = None, **kwargs: Any) -> PreTrainedModel:

@@ -7,13 +7,16 @@ Every other module asks here instead of testing `transformers.__version__`. What
   outputs; the old names still work there but print a FutureWarning on every call. We read the installed release's
   own list of cache names (`transformers.generation.utils.ALL_CACHE_NAMES`, whose first entry is the name `generate`
   passes to `forward`), so a release is handled by what it does, not by its number.
+- peft reading transformers' deprecated `is_gradient_checkpointing` (`peft_on_transformers5`).
 - The range of releases the test suite has passed on (`TESTED_TRANSFORMERS`); importing the package under a newer
   one warns once, naming that range (docs/development.md, "Upgrading transformers").
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import transformers
@@ -70,3 +73,12 @@ def warn_if_untested() -> None:
     message = untested_transformers_message()
     if message is not None:
         warnings.warn(message, UserWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def peft_on_transformers5() -> Iterator[None]:
+    """Silence the FutureWarning peft triggers by reading transformers' deprecated `is_gradient_checkpointing` (peft's
+    call, nothing a user can change)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield

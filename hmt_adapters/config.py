@@ -12,13 +12,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-CONFIG_NAME = "memory_config.json"
+from .registry import get_method
+from .saving.files import CONFIG_NAME, METADATA_KEYS
 
-# Keys `save_pretrained` writes beside the config fields; they describe the checkpoint, not the method.
-METADATA_KEYS = (
-    "format_version", "hmt_adapters_version", "base_model_name_or_path", "base_model_architecture", "base_model_type",
-    "embed_dim", "hidden_size", "num_hidden_layers", "vocab_size",
-)
+# Fields that say how this process runs the method, not what the adapter is: `memory_config.json` never records
+# them (`to_json_string`), and a file that does (written before they were left out) has them ignored on load.
+RUNTIME_SWITCHES = ("offload_activations", "gradient_checkpointing")
 
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
@@ -96,6 +95,9 @@ class MemoryConfig:
             Move each segment's saved activations to CPU memory (parameters are never copied).
         gradient_checkpointing (`bool`, defaults to `False`):
             Recompute each segment in the backward pass instead of keeping its activations.
+
+    `offload_activations` and `gradient_checkpointing` are runtime switches (`RUNTIME_SWITCHES`): set here or by
+    `model.gradient_checkpointing_enable()`, but not saved with the adapter.
     """
 
     method: ClassVar[str] = ""
@@ -145,8 +147,6 @@ class MemoryConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MemoryConfig":
         """Build the config of `data["method"]`, rejecting keys that are neither fields nor checkpoint metadata."""
-        from .registry import get_method
-
         data = dict(data)
         method = data.pop("method", None)
         if method is None:
@@ -157,7 +157,9 @@ class MemoryConfig:
         return entry.make_config(method, **data)
 
     def to_json_string(self, **metadata: Any) -> str:
-        return json.dumps({**self.to_dict(), **metadata}, indent=2, sort_keys=True) + "\n"
+        """The JSON written to `memory_config.json`: the fields without the runtime switches, plus `metadata`."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in RUNTIME_SWITCHES}
+        return json.dumps({**fields, **metadata}, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str | os.PathLike, **metadata: Any) -> str:
         """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the fields)."""

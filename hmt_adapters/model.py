@@ -13,22 +13,20 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.modeling_outputs import BaseModelOutput
-from transformers.models.auto.modeling_auto import (
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-)
 
-from . import adapter_io, checkpoint, hub
 from .attention import use_memory_attention
-from .backbones import get_backbone_adapter, unwrap_causal_lm
+from .backbones import get_backbone_adapter, is_peft, unwrap_causal_lm
+from .backbones.wrapping import check_causal_lm
 from .compat import CACHE_KWARG, cache_kwargs, one_cache
-from .config import MemoryConfig
-from .generation import MemoryGenerationCache, check_generation_options, padding_handled
-from .outputs import STATE_SIGNATURE, MemoryCausalLMOutput, MemoryState
-from .padding import Packing, read_stream
+from .config import RUNTIME_SWITCHES, MemoryConfig
+from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, get_method, method_for_config
 from .runtime import IGNORE_INDEX, SegmentRuntime, resolve_keep_logits, shift_targets
+from .runtime.generation import MemoryGenerationCache, check_generation_options, padding_handled
+from .runtime.packing import Packing
+from .runtime.stream import read_stream
+from .saving import adapter_io, card, checkpoint, hub
+from .state import STATE_SIGNATURE, MemoryState
 
 
 def _methods_without_attention() -> list[str]:
@@ -164,7 +162,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def _freeze_backbone(self) -> None:
         """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and `modules_to_save`)."""
-        keep_peft = causal_lm_is_peft(self.backbone)
+        keep_peft = is_peft(self.backbone)
         for p in self.backbone.parameters():
             if not (keep_peft and p.requires_grad):
                 p.requires_grad_(False)
@@ -199,7 +197,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         merged base's `_name_or_path` is cleared, so the adapter records no base and `AutoMemoryModelForCausalLM`
         never loads it onto the unmerged base it came from (docs/training.md, "peft's verbs").
         """
-        if not causal_lm_is_peft(self.backbone):
+        if not is_peft(self.backbone):
             raise ValueError("The backbone carries no peft adapter to merge: `merge_and_unload` needs one.")
         merged = self.backbone.merge_and_unload(
             progressbar=progressbar, safe_merge=safe_merge, adapter_names=adapter_names
@@ -518,7 +516,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         )
         if push_to_hub and is_main_process:
             repo_id = push_kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
-            hub.push_adapter(self, repo_id, state_dict=state_dict, tokenizer=tokenizer, **push_kwargs)
+            card.push_adapter(self, repo_id, state_dict=state_dict, tokenizer=tokenizer, **push_kwargs)
 
     @classmethod
     def from_pretrained(
@@ -539,6 +537,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         Hub keywords: `revision`, `token`, `subfolder`, `cache_dir`, `local_files_only`, `force_download`; any other
         keyword must be a field of the adapter's config and overrides it (e.g. `use_retrieval=True`).
         """
+        check_wrappable(base_model)
         return adapter_io.load_adapter(cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable,
                                        inplace=inplace, **kwargs)
 
@@ -563,7 +562,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         adapter); returns the commit info."""
         hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training", "tokenizer"],
                            " (adapter files are never sharded)")
-        return hub.push_adapter(
+        return card.push_adapter(
             self, repo_id, commit_message=commit_message, commit_description=commit_description, private=private,
             token=token, revision=revision, create_pr=create_pr, tags=tags, results=results, training=training,
             tokenizer=self.tokenizer if tokenizer is None else tokenizer,
@@ -615,7 +614,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def _state_signature(self) -> dict[str, Any]:
         """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""
-        runtime_switches = {"bptt_depth", "offload_activations", "gradient_checkpointing"}
+        runtime_switches = {"bptt_depth", *RUNTIME_SWITCHES}
         config = {k: v for k, v in self.memory_config.to_dict().items() if k not in runtime_switches}
         return {**config, **adapter_io.backbone_facts(self.adapter)}
 
@@ -679,41 +678,17 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return loss_sum / denom
 
 
-def causal_lm_is_peft(model: nn.Module) -> bool:
-    return unwrap_causal_lm(model) is not model
-
-
 def check_wrappable(model: nn.Module) -> None:
-    """Refuse, before any work, a backbone memory cannot wrap: a `MemoryModel`, a bidirectional or encoder-decoder
-    model (its tokens see later ones, so the memory would leak the future), or a prompt-learning peft model."""
+    """Refuse, before any work, a backbone memory cannot wrap: a `MemoryModel`, or what
+    `backbones.wrapping.check_causal_lm` refuses (a bidirectional or encoder-decoder model, a prompt-learning peft
+    model)."""
     inner = unwrap_causal_lm(model)
     if isinstance(model, MemoryModel) or isinstance(inner, MemoryModel):
         raise TypeError(
             f"This is already a MemoryModel ('{(model if isinstance(model, MemoryModel) else inner).method}'); wrap its "
             "backbone (`model.backbone`) instead, or load another adapter with MemoryModel.from_pretrained."
         )
-    for name, peft_config in (getattr(model, "peft_config", None) or {}).items() if inner is not model else ():
-        if getattr(peft_config, "is_prompt_learning", False):
-            raise NotImplementedError(
-                f"peft adapter {name!r} is {peft_config.peft_type} (prompt learning: virtual tokens added by "
-                "PeftModel.forward), which memory models bypass; use a tuner adapter (LoRA, IA3, LoHa, LoKr, ...)."
-            )
-    config = getattr(inner, "config", None)
-    if config is None:
-        return  # not a HF model: get_backbone_adapter says what it expects
-    cls, model_type = type(inner).__name__, getattr(config, "model_type", None)
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs (AutoModelForCausalLM).")
-    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    non_causal = {*MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()}
-    if cls in non_causal and cls not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        hint = f" ({model_type}'s causal LM is {causal}, with is_decoder=True)" if causal else ""
-        raise ValueError(f"{cls} is not a causal LM: its tokens attend to later tokens, so memory would leak the future{hint}.")
-    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
-        raise ValueError(
-            f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens would "
-            "see later tokens. Build it with is_decoder=True to use it as a causal LM."
-        )
+    check_causal_lm(model)
 
 
 def wrap_with_memory(

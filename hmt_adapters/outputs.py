@@ -1,131 +1,14 @@
-"""Results of a forward pass and the explicit memory state carried between calls."""
+"""The output of a forward pass: `MemoryCausalLMOutput`."""
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-STATE_NAME = "memory_state.safetensors"
-STATE_SIGNATURE = "made_for"  # key in `MemoryState.extras`: the config and backbone sizes of the model that made it
-FILE_KIND = "memory_state"  # safetensors metadata `hmt_adapters_file` of a saved state
-
-
-@dataclass
-class MemoryState:
-    """What a memory method carries from one segment to the next, for `batch_size` independent streams.
-
-    `tensors` is a flat name -> tensor mapping (batch first) owned by the method; `pending_ids`/`pending_mask`
-    hold the tokens of a segment that a streaming `step()` has started but not yet closed. `extras` holds small
-    JSON-able facts carried with the state; `extras["made_for"]` is the signature (method config and backbone sizes)
-    of the model that made it, so that another model refuses the state naming the difference.
-    """
-
-    method: str
-    tensors: dict[str, torch.Tensor]
-    segments_seen: int = 0
-    pending_ids: torch.Tensor | None = None  # [B, r], 0 <= r < segment_length
-    pending_mask: torch.Tensor | None = None  # [B, r] 1 = pending token; rows with fewer are right-padded
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def batch_size(self) -> int:
-        for t in self.tensors.values():
-            return t.shape[0]
-        return 0 if self.pending_ids is None else self.pending_ids.shape[0]
-
-    @property
-    def pending_length(self) -> int:
-        return 0 if self.pending_ids is None else self.pending_ids.shape[1]
-
-    def _map(self, fn) -> "MemoryState":
-        return MemoryState(
-            self.method,
-            {k: fn(v) for k, v in self.tensors.items()},
-            self.segments_seen,
-            None if self.pending_ids is None else fn(self.pending_ids),
-            None if self.pending_mask is None else fn(self.pending_mask),
-            dict(self.extras),
-        )
-
-    def detach(self) -> "MemoryState":
-        """A copy whose tensors carry no autograd history (gradients stop here)."""
-        return self._map(lambda t: t.detach())
-
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MemoryState":
-        """A copy on `device`; floating tensors are cast to `dtype` when given."""
-        return self._map(lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None))
-
-    def clone(self) -> "MemoryState":
-        return self._map(lambda t: t.clone())
-
-    # ---- serialisation ---------------------------------------------------------------------------------------
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the state to one safetensors file (tensors plus JSON metadata)."""
-        tensors = {f"tensors.{k}": v.detach().contiguous() for k, v in self.tensors.items()}
-        if self.pending_ids is not None:
-            tensors["pending_ids"] = self.pending_ids.contiguous()
-            tensors["pending_mask"] = self.pending_mask.contiguous()
-        meta = {
-            "hmt_adapters_file": FILE_KIND, "method": self.method, "segments_seen": str(self.segments_seen),
-            "extras": json.dumps(self.extras),
-        }
-        save_file({k: v.cpu() for k, v in tensors.items()}, os.fspath(path), metadata=meta)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "MemoryState":
-        """Read a state written by `save`; any other file is refused with what it is."""
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"No memory state file at {path!r}.")
-        try:
-            with safe_open(path, framework="pt") as fh:
-                meta, keys = fh.metadata() or {}, list(fh.keys())
-        except (SafetensorError, OSError) as err:
-            raise ValueError(
-                f"{path} is not a safetensors file ({err}); MemoryState.load reads files written by MemoryState.save."
-            ) from err
-        if meta.get("hmt_adapters_file", FILE_KIND) != FILE_KIND or "segments_seen" not in meta:
-            raise ValueError(f"{path} is {_describe(meta, keys)}, not a memory state written by MemoryState.save.")
-        raw = load_file(path, device=str(device))
-        tensors = {k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")}
-        check_finite(tensors, f"The memory state {path}")
-        return cls(
-            meta["method"],
-            tensors,
-            int(meta["segments_seen"]),
-            raw.get("pending_ids"),
-            raw.get("pending_mask"),
-            json.loads(meta.get("extras", "{}")),
-        )
-
-
-def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Refuse NaN or infinite values in loaded floating-point tensors, naming the first tensor that holds one."""
-    for name, tensor in tensors.items():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise ValueError(
-                f"{source}: tensor {name!r} holds {bad} NaN or infinite value(s) of {tensor.numel()}; the file is "
-                "corrupted or was saved from a diverged run, and would give NaN outputs."
-            )
-
-
-def _describe(meta: dict[str, str], keys: list[str]) -> str:
-    """What a safetensors file that is not a memory state holds, in words."""
-    if meta.get("hmt_adapters_file") == "memory_adapter" or ("method" in meta and "segments_seen" not in meta):
-        return f"the weights of a '{meta.get('method')}' memory adapter (load it with MemoryModel.from_pretrained)"
-    if any("lora_" in k for k in keys):
-        return "peft LoRA adapter weights"
-    sample = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
-    return f"a safetensors file of {len(keys)} tensor(s) ({sample or 'none'}) without memory-state metadata"
+from .state import MemoryState
 
 
 @dataclass

@@ -16,10 +16,11 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, pipeline
 
 import hmt_adapters as ha
-from hmt_adapters import adapter_io, auto
+from hmt_adapters.backbones import pretrained
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
-from hmt_adapters.config import MemoryConfig
+from hmt_adapters.config import RUNTIME_SWITCHES, MemoryConfig
 from hmt_adapters.data import WindowCollator
+from hmt_adapters.saving import adapter_io
 from longcontext_tiny import tiny_llama, tiny_tokenizer
 from test_hub import hub_cache
 from tiny import random_ids, tiny_backbone
@@ -259,9 +260,9 @@ def smollm2_shaped(dtype=None, **kwargs) -> LlamaForCausalLM:
 @pytest.mark.parametrize("name", ["smollm2-hmt", "smollm2-baseline"])
 def test_the_shipped_adapters_load_in_one_line_on_the_smollm2_backbone(monkeypatch, name):
     built, tokenizer = [], tiny_tokenizer()
-    monkeypatch.setitem(auto.KNOWN_BASES, auto.SMOLLM2_NAME,
+    monkeypatch.setitem(pretrained.KNOWN_BASES, pretrained.SMOLLM2_NAME,
                         (lambda dtype, **kw: built.append(dtype) or smollm2_shaped(), "smollm2()[0]"))
-    monkeypatch.setitem(auto.KNOWN_TOKENIZERS, auto.SMOLLM2_NAME, lambda: tokenizer)
+    monkeypatch.setitem(pretrained.KNOWN_TOKENIZERS, pretrained.SMOLLM2_NAME, lambda: tokenizer)
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(SHIPPED / name))
     assert built == [None] and not model.training
     assert model.tokenizer is tokenizer  # the base's tokenizer comes with the model
@@ -276,8 +277,33 @@ def test_the_shipped_adapter_configs_are_complete_for_this_version():
     for folder in sorted(SHIPPED.iterdir()):
         config, meta = adapter_io.read_adapter_config(str(folder), {}, str(folder))
         assert meta["format_version"] == adapter_io.FORMAT_VERSION
-        assert meta["base_model_name_or_path"] == auto.SMOLLM2_NAME
+        assert meta["base_model_name_or_path"] == pretrained.SMOLLM2_NAME
         assert (meta["base_model_architecture"], meta["embed_dim"], meta["vocab_size"]) == ("LlamaForCausalLM", 576, 49152)
+        # written before the runtime switches were left out of the file: they load, with the switches off
+        recorded = json.loads((folder / "memory_config.json").read_text())
+        assert {k: recorded[k] for k in RUNTIME_SWITCHES if k in recorded} == dict.fromkeys(RUNTIME_SWITCHES, False)
+        assert not any(getattr(config, k) for k in RUNTIME_SWITCHES)
+
+
+def test_runtime_switches_are_not_saved_and_a_file_that_records_them_loads(tmp_path):
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8, offload_activations=True)
+    model.gradient_checkpointing_enable()
+    model.save_pretrained(tmp_path)
+    assert not set(RUNTIME_SWITCHES) & set(json.loads((tmp_path / "memory_config.json").read_text()))
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert not loaded.is_activation_checkpointing and not loaded.memory_config.offload_activations
+    # the format of earlier saves (format 2 with both switches recorded): loads, the recorded switches are ignored
+    edit_config(tmp_path, gradient_checkpointing=True, offload_activations=True)
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
+    assert not loaded.is_activation_checkpointing and not loaded.memory_config.offload_activations
+    assert loaded.loading_info["missing_keys"] == []
+    # as loading options the switches apply, and change no weight
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), is_trainable=True,
+                                            gradient_checkpointing=True, offload_activations=True)
+    assert loaded.is_activation_checkpointing and loaded.memory_config.offload_activations
+    ids = random_ids(2, 20)
+    with torch.no_grad():
+        assert torch.allclose(loaded.eval()(input_ids=ids).logits, model.eval()(input_ids=ids).logits, atol=1e-5)
 
 
 def test_loading_copies_nothing_when_the_adapter_has_no_peft_part(tmp_path):
@@ -332,7 +358,7 @@ def test_the_auto_loader_gives_the_base_models_tokenizer_when_the_adapter_has_no
     tokenizer.save_pretrained(tmp_path / "base")
     loaded = ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter")
     assert loaded.tokenizer("the kitchen").input_ids == tokenizer("the kitchen").input_ids
-    assert auto.KNOWN_TOKENIZERS[auto.SMOLLM2_NAME] is smollm2_tokenizer  # the shipped adapters' base
+    assert pretrained.KNOWN_TOKENIZERS[pretrained.SMOLLM2_NAME] is smollm2_tokenizer  # the shipped adapters' base
 
 
 def test_a_save_with_a_tokenizer_replaces_the_tokenizer_files_of_an_earlier_one(tmp_path):

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters.attention import AttentionContext
+from hmt_adapters.attention import MEMORY_KWARG, AttentionContext
 from hmt_adapters.backbones import family as fam
 from hmt_adapters.backbones import get_backbone_adapter
-from hmt_adapters.runtime import MEMORY_KWARG
 from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
 
 ATTENTION = tuple(f for f in FAMILY_NAMES if f not in REFUSED)

@@ -8,7 +8,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.attention import AttentionCall
-from hmt_adapters.hippo import HiPPOLegS
+from hmt_adapters.methods.elastic import HiPPOLegS
 from hmt_adapters.methods.elastic.method import default_memory_layer
 from hmt_adapters.methods.elastic.sampling import sample_points
 from tiny import VOCAB, random_ids, tiny_backbone

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hmt_adapters.hippo import DISCRETIZATIONS, HiPPOLegS, legs_basis, legs_kernel, legs_matrices, legs_transition
+from hmt_adapters.methods.elastic.hippo import DISCRETIZATIONS, HiPPOLegS, legs_basis, legs_kernel, legs_matrices, legs_transition
 
 F64 = torch.float64
 
@@ -225,3 +225,12 @@ def test_the_bank_stays_within_its_byte_budget_and_keeps_the_first_blocks():
     assert h.transition(0, 8) is h.transition(0, 8)  # revisited by every training sample: kept
     assert h.transition(8 * 199, 8 * 200) is not h.transition(8 * 199, 8 * 200)  # past the budget: rebuilt
     torch.testing.assert_close(h.transition(8 * 199, 8 * 200), h.transition(8 * 199, 8 * 200))
+
+
+def test_the_old_import_path_warns_and_gives_the_same_objects():
+    """`hmt_adapters.hippo` (named in DESIGN.md and earlier docs) is a deprecated alias of the module's new home."""
+    from hmt_adapters.methods.elastic import hippo
+
+    with pytest.warns(DeprecationWarning, match="hmt_adapters.methods.elastic.hippo.HiPPOLegS"):
+        from hmt_adapters.hippo import HiPPOLegS as old
+    assert old is hippo.HiPPOLegS is HiPPOLegS

@@ -15,7 +15,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
 import hmt_adapters as ha
-from hmt_adapters import hub as ha_hub
+from hmt_adapters.saving import hub as ha_hub
 from tiny import random_ids, tiny_backbone
 
 CFG = dict(segment_length=8, sensory_length=2, memory_window=3, retrieval_dim=8)
@@ -154,7 +154,7 @@ def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
 
 def test_a_card_for_a_base_this_package_builds_names_its_hub_origin_and_the_code_that_builds_it():
     from hmt_adapters.backbones.pretrained import SMOLLM2_NAME
-    from hmt_adapters.hub import render_model_card
+    from hmt_adapters.saving.card import render_model_card
 
     base = tiny_backbone("llama")
     base.config._name_or_path = SMOLLM2_NAME

@@ -399,7 +399,7 @@ def test_smollm2_answers_a_needle_it_retrieved_from_memory():
 def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says_so():
     from pathlib import Path
 
-    from hmt_adapters.hub import render_model_card
+    from hmt_adapters.saving.card import render_model_card
 
     folder = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm"
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters.attention import AttentionCall
+from hmt_adapters.attention import MEMORY_KWARG, AttentionCall
 from hmt_adapters.method import Segment
 from hmt_adapters.methods.melodi.mixers import average_pool, mix, pass_summaries
-from hmt_adapters.runtime import MEMORY_KWARG
 from tiny import random_ids, tiny_backbone
 
 W, S, L, Q = 8, 4, 2, 3

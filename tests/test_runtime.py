@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters import offload
 from hmt_adapters.memory import append_tail
-from hmt_adapters.runtime import segment_spans, shift_targets
+from hmt_adapters.runtime import offload, segment_spans, shift_targets
 from hmt_adapters.training import add_lora
 from tiny import random_ids, tiny_backbone
 

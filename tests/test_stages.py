@@ -37,11 +37,12 @@ def documents(n: int = 4, length: int = 70) -> Dataset:
 
 def test_two_stages_hand_stage_one_weights_to_stage_two_with_retrieval(tmp_path):
     model = ha.wrap_with_memory(add_lora(tiny_backbone("llama"), dropout=0.0), "hmt", segment_length=SEGMENT,
-                                sensory_length=2, memory_window=4, use_retrieval=False)
+                                sensory_length=2, memory_window=4, use_retrieval=False, offload_activations=True)
     recorder = Recorder()
     final = train_stages(model, hmt_stages(stage1_steps=2, stage2_steps=1, stage2_segments=3), documents(),
                          str(tmp_path), training_args=ARGS, eval_documents=documents(2), callbacks=[recorder])
     assert final.memory_config.use_retrieval and final is not model
+    assert final.memory_config.offload_activations  # a runtime switch: not in the saved adapter, kept by the reload
     stage1 = MemoryConfig.from_json_file(tmp_path / "stage1" / "memory_config.json")
     assert stage1.use_retrieval is False
     assert "retrieval.key.weight" in load_file(tmp_path / "stage2" / "memory_adapter.safetensors")

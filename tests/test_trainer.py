@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import Trainer, TrainingArguments
 
 import hmt_adapters as ha
-from hmt_adapters.checkpoint import trainable_keys
+from hmt_adapters.saving.checkpoint import trainable_keys
 from hmt_adapters.data import WindowCollator
 from tiny import random_ids, tiny_backbone
 

@@ -17,7 +17,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters import compat
-from hmt_adapters.generation import MemoryGenerationCache
+from hmt_adapters.runtime.generation import MemoryGenerationCache
 from hmt_adapters.training import add_lora
 from cases import SEGMENT, METHOD_CASES, families_for, wrap
 from tiny import random_ids, tiny_backbone

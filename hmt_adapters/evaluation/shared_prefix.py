@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from ..model import MemoryModel
-from ..outputs import MemoryState
+from ..state import MemoryState
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

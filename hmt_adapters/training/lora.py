@@ -6,13 +6,13 @@ Target modules come from peft's per-architecture defaults; `wrap_with_memory` ke
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from torch import nn
+
+from ..compat import peft_on_transformers5
 
 # HMT App. D / reference scripts: rank 8, alpha 32, dropout 0.1
 DEFAULT_RANK = 8
@@ -31,15 +31,6 @@ def lora_target_modules(model: nn.Module) -> list[str]:
             f"(names of the backbone's linear layers: {linear})."
         )
     return list(targets)
-
-
-@contextlib.contextmanager
-def peft_on_transformers5() -> Iterator[None]:
-    """Silence the FutureWarning peft triggers by reading transformers' deprecated `is_gradient_checkpointing` (peft's
-    call, nothing a user can change)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        yield
 
 
 def add_lora(

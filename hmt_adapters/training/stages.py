@@ -19,6 +19,7 @@ from typing import Any
 from datasets import Dataset
 from transformers import TrainerCallback, TrainingArguments
 
+from ..config import RUNTIME_SWITCHES
 from ..data import WindowCollator, make_windows
 from ..data.windows import depth_summary
 from ..model import MemoryModel
@@ -142,7 +143,10 @@ def train_stages(
     previous_dir = None
     for index, stage in enumerate(stages):
         if index > 0 and stage.config:
-            model = MemoryModel.from_pretrained(model.backbone, previous_dir, is_trainable=True, inplace=True, **stage.config)
+            switches = {k: getattr(model.memory_config, k) for k in RUNTIME_SWITCHES}  # not in the saved adapter
+            model = MemoryModel.from_pretrained(
+                model.backbone, previous_dir, is_trainable=True, inplace=True, **{**switches, **stage.config}
+            )
         stage_dir = os.path.join(output_dir, stage.name)
         windows = dict(
             segment_length=segment_length, n_segments=stage.n_segments, min_segments=stage.min_segments,

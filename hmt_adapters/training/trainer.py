@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from transformers import Trainer
 
-from ..checkpoint import trainable_keys
+from ..saving.checkpoint import trainable_keys
 
 
 @contextlib.contextmanager

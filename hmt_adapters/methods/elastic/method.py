@@ -19,11 +19,11 @@ import math
 import torch
 
 from ...attention import AttentionCall, AttentionContext
-from ...hippo import HiPPOLegS
 from ...memory.attend import MemoryRead, attend_memory
 from ...memory.reuse import read_once
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import ElasticMemoryConfig
+from .hippo import HiPPOLegS
 from .sampling import sample_points
 
 

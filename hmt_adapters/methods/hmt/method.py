@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from ...memory import MemoryRetrieval, append_tail, learned_tokens, newest_or_init, push_fifo, trim_empty_columns
+from ...memory import append_tail, learned_tokens, newest_or_init, push_fifo, trim_empty_columns
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import HMTConfig
+from .retrieval import MemoryRetrieval
 
 
 class HMT(MemoryMethod):

@@ -26,11 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...attention import AttentionCall, AttentionContext
+from ...attention import MEMORY_KWARG, AttentionCall, AttentionContext
 from ...memory import learned_tokens
 from ...memory.kv import init_kv_state, push_kv
 from ...method import Layout, MemoryMethod, Segment, State
-from ...runtime import MEMORY_KWARG
 from .config import MelodiConfig
 from .mixers import average_pool, mix, pass_summaries
 from .reads import Read, long_term_read, short_term_read

@@ -18,7 +18,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_NAME
 
 if TYPE_CHECKING:
-    from .model import MemoryModel
+    from ..model import MemoryModel
 
 MEMORY_PREFIX = "memory."
 TRAINER_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")

@@ -18,16 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .backbones import BackboneAdapter
-from .method import Layout, MemoryMethod, Segment, State
+from ..attention import MEMORY_KWARG
+from ..backbones import BackboneAdapter
+from ..method import Layout, MemoryMethod, Segment, State
+from ..state import MemoryState
 from .offload import ActivationOffload
-from .outputs import MemoryState
 
 IGNORE_INDEX = -100
 # Runtimes whose memory is off in the current thread / task (`SegmentRuntime.memory_disabled`): a per-call switch, so
 # another thread's calls on the same model keep their memory.
 _MEMORY_OFF: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hmt_memory_off", default=frozenset())
-MEMORY_KWARG = "memory_context"  # keyword that carries attention-level memory to the patched attention function
 
 
 def segment_spans(length: int, segment_length: int) -> list[tuple[int, int]]:

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import GenerationConfig
 
-from .backbones import positions_from_mask
-from .method import Layout, Segment
-from .outputs import MemoryState
-from .padding import Packing, align_ends, merge_rows, select_rows
-from .runtime import MEMORY_KWARG
+from ..attention import MEMORY_KWARG
+from ..backbones import positions_from_mask
+from ..method import Layout, Segment
+from ..state import MemoryState, merge_rows, select_rows
+from .packing import Packing, align_ends
 
 if TYPE_CHECKING:
-    from .model import MemoryModel
+    from ..model import MemoryModel
 
 PREFILL_SEGMENTS = 32  # segments read per runtime call while prefilling (bounds transient memory)
 WORKING_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")

@@ -20,27 +20,36 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from ..backbones import BackboneAdapter, get_backbone_adapter, is_peft
+from ..compat import peft_on_transformers5
+from ..config import RUNTIME_SWITCHES, MemoryConfig, read_json_object
+from ..registry import get_method
+from ..state import check_finite
+from ..version import __version__
 from . import checkpoint, hub
-from .backbones import BackboneAdapter, get_backbone_adapter, unwrap_causal_lm
-from .config import CONFIG_NAME, METADATA_KEYS, MemoryConfig, read_json_object
-from .outputs import check_finite
-from .registry import get_method
-from .version import __version__
+from .files import (
+    ADAPTER_FILE_KIND,
+    CONFIG_NAME,
+    FORMAT_VERSION,
+    GUARD_NAME,
+    LORA_BIN_NAME,
+    LORA_CONFIG_NAME,
+    LORA_WEIGHTS_NAME,
+    METADATA_KEYS,
+    PEFT_FILES,
+    TOKENIZER_CONFIG_NAME,
+    TOKENIZER_FILES,
+    WEIGHTS_NAME,
+)
 
 if TYPE_CHECKING:
-    from .model import MemoryModel
+    from ..model import MemoryModel
 
 logger = logging.getLogger(__name__)
 
-# Version of the adapter folder layout and of the metadata in memory_config.json. Files without the key were written
-# by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record. Format 2 guards the folder
-# against loaders that would drop the memory (`GUARD_NAME`, `MARKED_PEFT_TYPE`); formats 0 and 1 load unchanged.
-FORMAT_VERSION = 2
-# Files of an earlier save that a new one may not write (a save without peft after one with it): removed on save.
-PEFT_FILES = (hub.LORA_CONFIG_NAME, hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)
 # What `from_pretrained` accepts besides the download keywords and the config fields.
 LOAD_KWARGS = ("is_trainable", "inplace")
-FILE_KIND = "memory_adapter"  # safetensors metadata `hmt_adapters_file` of the memory weights
+FILE_KIND = ADAPTER_FILE_KIND  # safetensors metadata `hmt_adapters_file` of the memory weights
 
 # A saved folder must not load without its memory through transformers or peft (docs/training.md, "peft's verbs"):
 # - `config.json` with a `model_type` transformers does not know: `AutoModelForCausalLM.from_pretrained(folder)` and
@@ -50,7 +59,6 @@ FILE_KIND = "memory_adapter"  # safetensors metadata `hmt_adapters_file` of the 
 LOAD_HINT = (
     "hmt_adapters.AutoMemoryModelForCausalLM.from_pretrained(folder) or MemoryModel.from_pretrained(base, folder)"
 )
-GUARD_NAME = "config.json"
 GUARD_MODEL_TYPE = f"hmt-adapters memory adapter (not a full model): load it with {LOAD_HINT}"
 GUARD_QUIET = "tokenizer_loading"  # see `write_guard`
 PEFT_TYPE_KEY = "hmt_adapters_peft_type"
@@ -58,10 +66,6 @@ MARKED_PEFT_TYPE = (
     "HMT_ADAPTERS_MEMORY: this peft adapter belongs to a memory adapter and is wrong without it; "
     f"load it with {LOAD_HINT}"
 )
-
-
-def is_peft(model: torch.nn.Module) -> bool:
-    return unwrap_causal_lm(model) is not model
 
 
 def has_peft_layers(model: torch.nn.Module) -> bool:
@@ -109,7 +113,7 @@ def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] 
 def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
     weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
     save_file(
-        weights, os.path.join(folder, hub.WEIGHTS_NAME),
+        weights, os.path.join(folder, WEIGHTS_NAME),
         metadata={"format": "pt", "method": model.method, "hmt_adapters_file": FILE_KIND},
     )
     if is_peft(model.backbone):
@@ -146,7 +150,7 @@ def write_guard(folder: str) -> None:
 def _mark_peft_config(folder: str) -> None:
     """Replace `peft_type` in the peft config peft just wrote by `MARKED_PEFT_TYPE` (the real one under
     `PEFT_TYPE_KEY`), so that peft alone refuses the folder; `_load_peft` reads it back."""
-    path = os.path.join(folder, hub.LORA_CONFIG_NAME)
+    path = os.path.join(folder, LORA_CONFIG_NAME)
     data = read_json_object(path, "The peft adapter config")
     if PEFT_TYPE_KEY in data:
         return
@@ -160,7 +164,7 @@ def _read_peft_config(folder: str, is_trainable: bool) -> Any:
     """The peft config of `folder`, marked (format 2) or not (formats 0 and 1, plain peft files)."""
     from peft import PeftConfig
 
-    data = read_json_object(os.path.join(folder, hub.LORA_CONFIG_NAME), "The peft adapter config")
+    data = read_json_object(os.path.join(folder, LORA_CONFIG_NAME), "The peft adapter config")
     if PEFT_TYPE_KEY in data:
         data["peft_type"] = data.pop(PEFT_TYPE_KEY)
     config = PeftConfig.from_peft_type(**data)
@@ -181,7 +185,7 @@ def _carry_over(directory: str, tmp: str) -> None:
     hard links; peft files of an earlier save that this one does not write are dropped (a load would apply them), and
     so are tokenizer files when this save writes a tokenizer (one tokenizer's files, never a mix of two)."""
     written = set(os.listdir(tmp))
-    replaced = PEFT_FILES + (hub.TOKENIZER_FILES if hub.TOKENIZER_CONFIG_NAME in written else ())
+    replaced = PEFT_FILES + (TOKENIZER_FILES if TOKENIZER_CONFIG_NAME in written else ())
     stale = []
     for name in os.listdir(directory):
         if name in written:
@@ -233,7 +237,7 @@ def _move_files_in(tmp: str, directory: str) -> None:
         if os.path.isdir(os.path.join(tmp, name)) and os.path.isdir(target):
             shutil.rmtree(target)  # a peft adapter saved under a non-default name
         os.replace(os.path.join(tmp, name), target)
-    for name in PEFT_FILES + (hub.TOKENIZER_FILES if hub.TOKENIZER_CONFIG_NAME in written else ()):
+    for name in PEFT_FILES + (TOKENIZER_FILES if TOKENIZER_CONFIG_NAME in written else ()):
         if name not in written and os.path.isfile(os.path.join(directory, name)):
             os.remove(os.path.join(directory, name))
 
@@ -310,6 +314,8 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
         raise FileNotFoundError(f"{source!r} has no {CONFIG_NAME}; is it a directory written by save_pretrained?")
     data = read_json_object(path, "The memory config file")
     meta = {k: data.pop(k) for k in METADATA_KEYS if k in data}
+    for key in RUNTIME_SWITCHES:  # recorded by saves before they were left out: how that process ran, not the adapter
+        data.pop(key, None)
     version = meta.get("format_version", 0)
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
         raise ValueError(
@@ -325,13 +331,15 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
         allowed = [*LOAD_KWARGS, *hub.DOWNLOAD_KWARGS, *fields]
         hub.refuse_unknown("MemoryModel.from_pretrained", {k: overrides[k] for k in unknown}, allowed,
                            f" (neither a loading option nor a field of {entry.config_cls.__name__})")
-    missing = sorted(set(fields) - set(data) - set(overrides))
+    missing = sorted(set(fields) - set(data) - set(overrides) - set(RUNTIME_SWITCHES))
     if missing:
         raise ValueError(
             f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "
             "has them all); add them to the file or pass them as keyword arguments."
         )
-    meta["overridden"] = {k: (data.get(k), v) for k, v in overrides.items() if data.get(k) != v}  # (saved, given)
+    meta["overridden"] = {  # (saved, given)
+        k: (data.get(k), v) for k, v in overrides.items() if data.get(k) != v and k not in RUNTIME_SWITCHES
+    }
     return MemoryConfig.from_dict({**data, **overrides}), meta
 
 
@@ -353,9 +361,9 @@ def check_base(meta: dict[str, Any], adapter: BackboneAdapter, source: str) -> N
 
 def _read_weights(folder: str, method: str) -> dict[str, torch.Tensor]:
     """The memory weights in `folder`, refused when the file records another method than the folder's config."""
-    path = os.path.join(folder, hub.WEIGHTS_NAME)
+    path = os.path.join(folder, WEIGHTS_NAME)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder!r} has no {hub.WEIGHTS_NAME}; is it a directory written by save_pretrained?")
+        raise FileNotFoundError(f"{folder!r} has no {WEIGHTS_NAME}; is it a directory written by save_pretrained?")
     try:
         with safe_open(path, framework="pt") as fh:
             saved_by = (fh.metadata() or {}).get("method")
@@ -375,7 +383,7 @@ def _read_weights(folder: str, method: str) -> dict[str, torch.Tensor]:
 def load_tokenizer(folder: str, source: str) -> Any:
     """The tokenizer saved with the adapter in `folder`, or None when the folder has none (docs/adapters.md, "The
     tokenizer"). Files that do not load give a warning and None: the adapter itself is usable without them."""
-    if not os.path.isfile(os.path.join(folder, hub.TOKENIZER_CONFIG_NAME)):
+    if not os.path.isfile(os.path.join(folder, TOKENIZER_CONFIG_NAME)):
         return None
     from transformers import AutoTokenizer, PreTrainedConfig
 
@@ -394,10 +402,8 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
     from peft import PeftModel, set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
-    from .training.lora import peft_on_transformers5
-
-    if not any(os.path.isfile(os.path.join(folder, n)) for n in (hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)):
-        raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
+    if not any(os.path.isfile(os.path.join(folder, n)) for n in (LORA_WEIGHTS_NAME, LORA_BIN_NAME)):
+        raise FileNotFoundError(f"{folder} has {LORA_CONFIG_NAME} but no {LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
     check_finite(load_peft_weights(folder, device="cpu"), f"The peft weights in {folder}")
     if not is_peft(base_model):
         with peft_on_transformers5():
@@ -420,12 +426,10 @@ def load_adapter(
     inplace: bool = False,
     **kwargs: Any,
 ) -> "MemoryModel":
-    """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`)."""
-    from .model import check_wrappable
-
+    """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`, which checks first that
+    `base_model` can be wrapped)."""
     if not isinstance(is_trainable, bool) or not isinstance(inplace, bool):
         raise TypeError(f"`is_trainable` and `inplace` must be bools, got {is_trainable!r} and {inplace!r}.")
-    check_wrappable(base_model)
     source = os.fspath(path_or_id)
     download = {k: kwargs.pop(k) for k in hub.DOWNLOAD_KWARGS if k in kwargs}
     folder = hub.adapter_folder(source, **download)
@@ -433,7 +437,7 @@ def load_adapter(
     config, meta = read_adapter_config(folder, overrides, source)
     check_base(meta, get_backbone_adapter(base_model), source)
     weights = _read_weights(folder, config.method_name)
-    if os.path.isfile(os.path.join(folder, hub.LORA_CONFIG_NAME)):
+    if os.path.isfile(os.path.join(folder, LORA_CONFIG_NAME)):
         if not inplace:
             base_model = copy.deepcopy(base_model)  # peft injects its layers into the model it is given
         base_model = _load_peft(base_model, folder, is_trainable)
@@ -475,7 +479,7 @@ def _load_memory_weights(
             cause = (f"the override(s) {given} change the shape of trained weights; leave them out to load the "
                      "adapter as it was trained")
         else:
-            cause = (f"the adapter's {CONFIG_NAME} and {hub.WEIGHTS_NAME} come from different saves (the config "
+            cause = (f"the adapter's {CONFIG_NAME} and {WEIGHTS_NAME} come from different saves (the config "
                      "gives other shapes than the weights have); save the adapter again")
         raise ValueError(f"Adapter weight {name!r} of {source!r} {shapes}: {cause}.")
     missing, unexpected = model.memory.load_state_dict(
@@ -490,7 +494,7 @@ def _load_memory_weights(
     if unexpected:
         raise ValueError(
             f"The adapter at {source!r} holds weights {sorted(unexpected)} that {method} with its saved config does "
-            f"not have: {CONFIG_NAME} and {hub.WEIGHTS_NAME} come from different saves; save the adapter again."
+            f"not have: {CONFIG_NAME} and {WEIGHTS_NAME} come from different saves; save the adapter again."
         )
     if missing and not allow_missing:
         raise ValueError(f"The adapter at {source!r} lacks weights {sorted(missing)} of {method}.")
