@@ -156,9 +156,16 @@ class MemoryConfig:
             data.pop(key, None)
         return entry.make_config(method, **data)
 
+    @classmethod
+    def runtime_switches(cls) -> tuple[str, ...]:
+        """Fields that say how this process runs, not what the adapter is (not saved): `RUNTIME_SWITCHES` and the
+        method's fields marked `"runtime": True` (e.g. where InfLLM keeps its store)."""
+        marked = tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("runtime"))
+        return RUNTIME_SWITCHES + marked
+
     def to_json_string(self, **metadata: Any) -> str:
         """The JSON written to `memory_config.json`: the fields without the runtime switches, plus `metadata`."""
-        fields = {k: v for k, v in self.to_dict().items() if k not in RUNTIME_SWITCHES}
+        fields = {k: v for k, v in self.to_dict().items() if k not in self.runtime_switches()}
         return json.dumps({**fields, **metadata}, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str | os.PathLike, **metadata: Any) -> str:

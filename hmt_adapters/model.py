@@ -18,7 +18,7 @@ from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, is_peft, unwrap_causal_lm
 from .backbones.wrapping import check_causal_lm
 from .compat import CACHE_KWARG, cache_kwargs, one_cache
-from .config import RUNTIME_SWITCHES, MemoryConfig
+from .config import MemoryConfig
 from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, get_method, method_for_config
 from .runtime import IGNORE_INDEX, SegmentRuntime, resolve_keep_logits, shift_targets
@@ -614,7 +614,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def _state_signature(self) -> dict[str, Any]:
         """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""
-        runtime_switches = {"bptt_depth", *RUNTIME_SWITCHES}
+        runtime_switches = {"bptt_depth", *self.memory_config.runtime_switches()}
         config = {k: v for k, v in self.memory_config.to_dict().items() if k not in runtime_switches}
         return {**config, **adapter_io.backbone_facts(self.adapter)}
 

@@ -276,6 +276,12 @@ def test_int8_store_quantizes_blocks_per_token_and_head_and_reads_close_to_float
     loaded = ha.MemoryState.load(tmp_path / "state")
     assert torch.equal(loaded.tensors["block.k.0.0"], keys) and torch.equal(loaded.tensors["block.vs.1.0"],
                                                                           state.tensors["block.vs.1.0"])
+    # where this process keeps its store is a runtime switch: not saved, given again when loading
+    model.save_pretrained(tmp_path / "adapter")
+    saved = json.loads((tmp_path / "adapter" / "memory_config.json").read_text())
+    assert saved["store_dtype"] == "int8" and "store_device" not in saved
+    again = ha.MemoryModel.from_pretrained(base, str(tmp_path / "adapter"), store_device="cpu")
+    assert again.memory_config.store_device == "cpu"
 
 
 @pytest.mark.parametrize("fields, words", [

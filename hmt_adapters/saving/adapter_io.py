@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from ..backbones import BackboneAdapter, get_backbone_adapter, is_peft
 from ..compat import peft_on_transformers5
-from ..config import RUNTIME_SWITCHES, MemoryConfig, read_json_object
+from ..config import MemoryConfig, read_json_object
 from ..registry import get_method
 from ..state import check_finite
 from ..version import __version__
@@ -314,8 +314,6 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
         raise FileNotFoundError(f"{source!r} has no {CONFIG_NAME}; is it a directory written by save_pretrained?")
     data = read_json_object(path, "The memory config file")
     meta = {k: data.pop(k) for k in METADATA_KEYS if k in data}
-    for key in RUNTIME_SWITCHES:  # recorded by saves before they were left out: how that process ran, not the adapter
-        data.pop(key, None)
     version = meta.get("format_version", 0)
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
         raise ValueError(
@@ -325,20 +323,23 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
     if "method" not in data:
         raise ValueError(f"{path} has no `method` key; it is needed to pick the config class.")
     entry = get_method(data["method"])
+    switches = entry.config_cls.runtime_switches()
+    for key in switches:  # recorded by saves before they were left out: how that process ran, not the adapter
+        data.pop(key, None)
     fields = entry.config_cls.field_names()
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         allowed = [*LOAD_KWARGS, *hub.DOWNLOAD_KWARGS, *fields]
         hub.refuse_unknown("MemoryModel.from_pretrained", {k: overrides[k] for k in unknown}, allowed,
                            f" (neither a loading option nor a field of {entry.config_cls.__name__})")
-    missing = sorted(set(fields) - set(data) - set(overrides) - set(RUNTIME_SWITCHES))
+    missing = sorted(set(fields) - set(data) - set(overrides) - set(switches))
     if missing:
         raise ValueError(
             f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "
             "has them all); add them to the file or pass them as keyword arguments."
         )
     meta["overridden"] = {  # (saved, given)
-        k: (data.get(k), v) for k, v in overrides.items() if data.get(k) != v and k not in RUNTIME_SWITCHES
+        k: (data.get(k), v) for k, v in overrides.items() if data.get(k) != v and k not in switches
     }
     return MemoryConfig.from_dict({**data, **overrides}), meta
 

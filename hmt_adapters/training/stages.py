@@ -19,7 +19,6 @@ from typing import Any
 from datasets import Dataset
 from transformers import TrainerCallback, TrainingArguments
 
-from ..config import RUNTIME_SWITCHES
 from ..data import WindowCollator, make_windows
 from ..data.windows import depth_summary
 from ..model import MemoryModel
@@ -143,7 +142,8 @@ def train_stages(
     previous_dir = None
     for index, stage in enumerate(stages):
         if index > 0 and stage.config:
-            switches = {k: getattr(model.memory_config, k) for k in RUNTIME_SWITCHES}  # not in the saved adapter
+            runtime = model.memory_config.runtime_switches()
+            switches = {k: getattr(model.memory_config, k) for k in runtime}  # not in the saved adapter
             model = MemoryModel.from_pretrained(
                 model.backbone, previous_dir, is_trainable=True, inplace=True, **{**switches, **stage.config}
             )

@@ -51,7 +51,7 @@ class InfLLMConfig(MemoryConfig):
             the model's dtype), dequantized when a chunk reads them.
         store_device (`str`, *optional*):
             Where blocks are kept, e.g. `"cpu"` for a model on a GPU: only the blocks a chunk retrieves travel to the
-            model's device (`None`: the model's device).
+            model's device (`None`: the model's device). A runtime switch: not saved with the adapter.
         match_blocks (`int`, defaults to 0):
             Beyond InfLLM, for documents with look-alike passages: this many more blocks per chunk, chosen in layer
             `match_layer` by their best single token's match with the mean of the chunk's last `match_queries`
@@ -83,7 +83,8 @@ class InfLLMConfig(MemoryConfig):
     )
     store_device: str | None = field(
         default=None,
-        metadata={"help": "Device of the stored blocks (None: the model's).", "type": str, "nullable": True},
+        metadata={"help": "Device of the stored blocks (None: the model's).", "type": str, "nullable": True,
+                  "runtime": True},  # where this process keeps the store, not part of the adapter: not saved
     )
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
