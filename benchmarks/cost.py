@@ -22,12 +22,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hmt_adapters as ha  # noqa: E402
 from common import (  # noqa: E402
     RESULTS,
     counted_flops,
@@ -42,8 +43,6 @@ from common import (  # noqa: E402
     small_llama,
     write_result,
 )
-
-import hmt_adapters as ha  # noqa: E402
 
 SEGMENT = 512
 SEGMENTS = 16

@@ -21,10 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hmt_adapters as ha
-from hmt_adapters.hippo import HiPPOLegS
-
 from common import RESULTS, write_result  # benchmarks/ is the script folder
-
+from hmt_adapters.hippo import HiPPOLegS
 
 # ---- Table 12 -------------------------------------------------------------------------------------------------
 

@@ -33,12 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import provenance, pyplot, write_result  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import provenance, pyplot, write_result  # noqa: E402
+from hmt_adapters.backbones.pretrained import load_backbone  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, accuracy_table, answer_rows, book_perplexity, make_samples  # noqa: E402
-from hmt_adapters.backbones.pretrained import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.zero_shot import SEGMENT_LENGTH, memory_policies, zero_shot_readers  # noqa: E402
 
 DEFAULT_ADAPTERS = ["hmt=examples/adapters/smollm2-hmt"]

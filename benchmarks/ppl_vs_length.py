@@ -26,9 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pyplot, write_result  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import pyplot, write_result  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402

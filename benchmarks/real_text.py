@@ -42,14 +42,17 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    AutoModelForCausalLM, LlamaConfig, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
     get_cosine_schedule_with_warmup,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import previous_runs, pyplot, train_bpe, write_result  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import previous_runs, pyplot, train_bpe, write_result  # noqa: E402
 from hmt_adapters.data import austen_documents, kjv_documents  # noqa: E402
 from hmt_adapters.training.evaluation import sliding_window_nll, token_nll  # noqa: E402
 
@@ -336,7 +339,7 @@ def readme_section(data: dict, name: str = "real_text") -> str:
         f"{s['training_tokens']:,} training tokens ({s['steps']} steps x {s['batch']} windows x {s['window']} tokens, "
         f"the same windows in the same order), segments of {s['segment_length']} tokens. Held out: "
         + ", ".join(f"{t} ({n} tokens)" for t, n in data["data"]["held_out"].items())
-        + f", each read from its start; perplexity pooled over their tokens by position of the predicted token.",
+        + ", each read from its start; perplexity pooled over their tokens by position of the predicted token.",
         "",
         "| run | parameters | memory floats | train s | ppl 0-512 | ppl 512-2048 | ppl 2048-8192 (late) "
         "| late vs sliding_window |",

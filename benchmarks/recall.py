@@ -32,13 +32,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import previous_runs, pyplot, write_result  # noqa: E402
-from recall_probe import key_gradient, probe_elastic, probe_unimem  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import previous_runs, pyplot, write_result  # noqa: E402
 from hmt_adapters.methods.elastic import ElasticMemory  # noqa: E402
 from hmt_adapters.methods.unimem import UniMem  # noqa: E402
 from hmt_adapters.tasks import RecallTask, train_recall  # noqa: E402
+from recall_probe import key_gradient, probe_elastic, probe_unimem  # noqa: E402
 
 SEGMENT = 8
 # method -> overrides for an 8-token segment and a width-128 model (everything else: the method's defaults)

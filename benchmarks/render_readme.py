@@ -304,7 +304,7 @@ def main() -> None:
                              f"found in: {found}")
         if pages[0].parent != ROOT:  # links the renderers write from the repository root, made relative to the page
             table = table.replace("](benchmarks/", "](../benchmarks/")
-        texts[pages[0]] = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), texts[pages[0]])
+        texts[pages[0]] = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), texts[pages[0]])
         print(f"{name}: rendered into {pages[0].relative_to(ROOT)}")
     for page, text in texts.items():
         if page.read_text() != text:

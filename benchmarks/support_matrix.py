@@ -26,7 +26,12 @@ sys.path.insert(0, str(ROOT))
 import hmt_adapters as ha  # noqa: E402
 from cases import METHOD_CASES  # noqa: E402
 from families import (  # noqa: E402
-    FAMILY_NAMES, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone, layer_overrides, memory_read_error,
+    FAMILY_NAMES,
+    STATE_OUTSIDE_ATTENTION,
+    VOCAB,
+    family_backbone,
+    layer_overrides,
+    memory_read_error,
 )
 
 SEGMENT = 8

@@ -91,7 +91,7 @@ def transformers_releases(floor: str) -> list[str]:
     """The floor, the newest patch of every minor pip serves above it, and the newest release (no pre-releases)."""
     done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformers"],
                           capture_output=True, text=True)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("Available versions:")), "")
+    line = next((x for x in done.stdout.splitlines() if x.startswith("Available versions:")), "")
     served = [Version(v.strip()) for v in line.split(":", 1)[-1].split(",") if v.strip()]
     served = [v for v in served if not v.is_prerelease and v >= Version(floor)]
     if not served:
@@ -158,7 +158,7 @@ class Venv:
         done = self.run([str(self.path / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", *selection, *tests])
         demo = self.run([self.python, "examples/demo.py", "--smoke"], {**self.env, "DEMO_OUTPUT": str(self.work / "demo")})
         lines = done.stdout.strip().splitlines()
-        failing = [l.split(" ", 1)[1].split(" - ")[0] for l in lines if l.startswith(("FAILED ", "ERROR "))]
+        failing = [x.split(" ", 1)[1].split(" - ")[0] for x in lines if x.startswith(("FAILED ", "ERROR "))]
         result = {
             "tests": "full suite" if full else "smoke subset",
             "pytest_returncode": done.returncode,

@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "samples": len(depths), "answer_token_accuracy": float(hits.float().mean()),
             "trained": n <= stages[stage][0], "seconds": time.time() - begin,
             "answer_nll": float(nll.mean()),
-            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(l)}
-                           for d, p, e, l in zip(depths, positions, exact.tolist(), nll.tolist())],
+            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(n)}
+                           for d, p, e, n in zip(depths, positions, exact.tolist(), nll.tolist())],
         }
         save()
         print(f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"

@@ -84,7 +84,7 @@ def backbone_facts(adapter: BackboneAdapter) -> dict[str, Any]:
     }
 
 
-def base_metadata(model: "MemoryModel") -> dict[str, Any]:
+def base_metadata(model: MemoryModel) -> dict[str, Any]:
     """The metadata `save_pretrained` writes beside the config fields (see `config.METADATA_KEYS`)."""
     name = getattr(model.adapter.config, "_name_or_path", "") or None
     return {
@@ -95,7 +95,7 @@ def base_metadata(model: "MemoryModel") -> dict[str, Any]:
     }
 
 
-def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def memory_state_dict(model: MemoryModel, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes one)."""
     if state_dict is None:
         return {k: v.detach() for k, v in model.memory.state_dict().items()}
@@ -106,7 +106,7 @@ def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] 
 # ---- saving ----------------------------------------------------------------------------------------------------
 
 
-def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
+def _write_files(model: MemoryModel, folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
     weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
     save_file(
         weights, os.path.join(folder, hub.WEIGHTS_NAME),
@@ -247,7 +247,7 @@ def _remove_leftovers(parent: str, prefix: str, keep: str) -> None:
 
 
 def save_adapter(
-    model: "MemoryModel",
+    model: MemoryModel,
     directory: str | os.PathLike,
     state_dict: dict[str, torch.Tensor] | None = None,
     is_main_process: bool = True,
@@ -413,13 +413,13 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
 
 
 def load_adapter(
-    cls: type["MemoryModel"],
+    cls: type[MemoryModel],
     base_model: torch.nn.Module,
     path_or_id: str | os.PathLike,
     is_trainable: bool = False,
     inplace: bool = False,
     **kwargs: Any,
-) -> "MemoryModel":
+) -> MemoryModel:
     """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`)."""
     from .model import check_wrappable
 
@@ -451,7 +451,7 @@ def load_adapter(
 
 
 def _load_memory_weights(
-    model: "MemoryModel",
+    model: MemoryModel,
     weights: dict[str, torch.Tensor],
     source: str,
     overridden: dict[str, tuple[Any, Any]],

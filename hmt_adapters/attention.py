@@ -209,7 +209,7 @@ class AttentionContext:
     the tokens of this call, `[B, Hkv, q, D]` each, for layers in `record_layers`.
     """
 
-    reads: dict[int, Callable[["AttentionCall", "AttentionContext"], Any]] = field(default_factory=dict)
+    reads: dict[int, Callable[[AttentionCall, AttentionContext], Any]] = field(default_factory=dict)
     record_layers: frozenset[int] = frozenset()
     rotary: Rotary | None = None  # (position_ids, like, layer) -> (cos, sin); None for families without RoPE
     records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

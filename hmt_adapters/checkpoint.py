@@ -24,19 +24,19 @@ MEMORY_PREFIX = "memory."
 TRAINER_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
 
 
-def trainable_keys(model: "MemoryModel") -> set[str]:
+def trainable_keys(model: MemoryModel) -> set[str]:
     """State-dict keys a checkpoint must hold: every `memory.*` entry and every trainable backbone parameter."""
     keys = {k for k in model.state_dict(keep_vars=True) if k.startswith(MEMORY_PREFIX)}
     keys.update(f"{model.base_model_prefix}.{n}" for n, p in model.backbone.named_parameters() if p.requires_grad)
     return keys
 
 
-def frozen_keys(model: "MemoryModel") -> set[str]:
+def frozen_keys(model: MemoryModel) -> set[str]:
     """State-dict keys of the frozen backbone: never written to a checkpoint, so never missing from one."""
     return set(model.state_dict(keep_vars=True)) - trainable_keys(model)
 
 
-def check_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor]) -> None:
+def check_state_dict(model: MemoryModel, state_dict: dict[str, torch.Tensor]) -> None:
     """Raise a `ValueError` when a state dict holding memory weights was written for another method, config or backbone.
 
     A state dict without any `memory.*` key is left to the caller (it is backbone weights, not a memory checkpoint).
@@ -68,7 +68,7 @@ def is_trainer_checkpoint(directory: str | os.PathLike) -> bool:
 
 
 def save_trainer_weights(
-    model: "MemoryModel", directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None
+    model: MemoryModel, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None
 ) -> str:
     """Write the trainable state under the model's own key names to `model.safetensors`, the file `Trainer` resumes from."""
     source = model.state_dict() if state_dict is None else state_dict

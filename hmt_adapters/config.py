@@ -139,7 +139,7 @@ class MemoryConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MemoryConfig":
+    def from_dict(cls, data: dict[str, Any]) -> MemoryConfig:
         """Build the config of `data["method"]`, rejecting keys that are neither fields nor checkpoint metadata."""
         from .registry import get_method
 
@@ -164,10 +164,10 @@ class MemoryConfig:
         return path
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "MemoryConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> MemoryConfig:
         return MemoryConfig.from_dict(read_json_object(path, "The memory config file"))
 
-    def replace(self, **changes: Any) -> "MemoryConfig":
+    def replace(self, **changes: Any) -> MemoryConfig:
         """A copy with `changes` applied (validated like a fresh config)."""
         unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:

@@ -111,7 +111,7 @@ class MemoryGenerationCache:
     # Not a linear (state-space) cache: generate slices the prompt by `get_seq_length` (read from transformers 5.24 on).
     is_linear = (False,)
 
-    def __init__(self, model: "MemoryModel", state: MemoryState):
+    def __init__(self, model: MemoryModel, state: MemoryState):
         self.model = model
         self.batch_size = state.batch_size
         start = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
@@ -175,7 +175,7 @@ class MemoryGenerationCache:
             out[rows] = logits
         return out
 
-    def _regroup(self, group: "RowGroup", ids: torch.Tensor, mask: torch.Tensor) -> list[tuple["RowGroup", torch.Tensor | None]]:
+    def _regroup(self, group: RowGroup, ids: torch.Tensor, mask: torch.Tensor) -> list[tuple[RowGroup, torch.Tensor | None]]:
         """Read `group`'s open tokens again with the new ones, splitting its rows by where their segments close."""
         before_ids, before_mask = group.open_tokens()
         packing = Packing.of(torch.cat([before_mask.long(), mask.long()], dim=1))
@@ -231,7 +231,7 @@ def _device(state: MemoryState) -> torch.device:
 class RowGroup:
     """Rows whose segments close at the same decoding step: their memory state and the open segment's cache."""
 
-    def __init__(self, model: "MemoryModel", state: MemoryState, rows: torch.Tensor):
+    def __init__(self, model: MemoryModel, state: MemoryState, rows: torch.Tensor):
         self.model = model
         self.state = state
         self.rows = rows  # [g] the group's rows in the batch
@@ -251,7 +251,7 @@ class RowGroup:
         empty = torch.zeros(len(self.rows), 0, dtype=torch.long, device=self.rows.device)
         return empty, empty
 
-    def select(self, local: torch.Tensor, rows: torch.Tensor) -> "RowGroup":
+    def select(self, local: torch.Tensor, rows: torch.Tensor) -> RowGroup:
         """A group of rows `rows` whose row j continues this group's row `local[j]`; its open segment is read again."""
         ids, mask = self.open_tokens()
         group = RowGroup(self.model, select_rows(self.state, local), rows)

@@ -37,7 +37,7 @@ def _methods_without_attention() -> list[str]:
 
 # The MemoryModel whose call (in this thread / task) passed `fused_lm_head=True`: TRL's fused LM head
 # (`trl.trainer.utils.add_fused_lm_head`, see docs/training.md) reads the LM head's inputs from `model.base_model`.
-_FUSED_CALL: contextvars.ContextVar["MemoryModel | None"] = contextvars.ContextVar("hmt_fused_lm_head", default=None)
+_FUSED_CALL: contextvars.ContextVar[MemoryModel | None] = contextvars.ContextVar("hmt_fused_lm_head", default=None)
 
 PEFT_ORDER = (
     "peft adapters go on the backbone before the memory: `wrap_with_memory(get_peft_model(base, peft_config), ...)` "
@@ -53,7 +53,7 @@ class MemoryBody:
     padding), so a per-token log-probability computed from them equals the one from `forward`'s logits.
     """
 
-    def __init__(self, model: "MemoryModel"):
+    def __init__(self, model: MemoryModel):
         self.model = model
 
     def __call__(
@@ -188,7 +188,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def merge_and_unload(
         self, progressbar: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None
-    ) -> "MemoryModel":
+    ) -> MemoryModel:
         """Merge the backbone's peft adapter (LoRA, ...) into its base weights and return a MemoryModel on the merged
         plain causal LM with the same memory (weights, config, train/eval mode, `requires_grad`).
 
@@ -526,7 +526,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         is_trainable: bool = False,
         inplace: bool = False,
         **kwargs: Any,
-    ) -> "MemoryModel":
+    ) -> MemoryModel:
         """Wrap `base_model` with the adapter saved in a local directory or a Hub repo, as peft's `from_pretrained`.
 
         By default the model is for inference: in eval mode (dropout off), memory and peft weights frozen;

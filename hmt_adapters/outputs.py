@@ -44,7 +44,7 @@ class MemoryState:
     def pending_length(self) -> int:
         return 0 if self.pending_ids is None else self.pending_ids.shape[1]
 
-    def _map(self, fn) -> "MemoryState":
+    def _map(self, fn) -> MemoryState:
         return MemoryState(
             self.method,
             {k: fn(v) for k, v in self.tensors.items()},
@@ -54,15 +54,15 @@ class MemoryState:
             dict(self.extras),
         )
 
-    def detach(self) -> "MemoryState":
+    def detach(self) -> MemoryState:
         """A copy whose tensors carry no autograd history (gradients stop here)."""
         return self._map(lambda t: t.detach())
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MemoryState":
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MemoryState:
         """A copy on `device`; floating tensors are cast to `dtype` when given."""
         return self._map(lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None))
 
-    def clone(self) -> "MemoryState":
+    def clone(self) -> MemoryState:
         return self._map(lambda t: t.clone())
 
     # ---- serialisation ---------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ class MemoryState:
         save_file({k: v.cpu() for k, v in tensors.items()}, os.fspath(path), metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "MemoryState":
+    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> MemoryState:
         """Read a state written by `save`; any other file is refused with what it is."""
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -148,7 +148,7 @@ class MemoryCausalLMOutput(CausalLMOutputWithPast):
     memory_state: MemoryState | None = None
     num_tokens: ClassVar[torch.Tensor | None] = None  # set per instance by `with_num_tokens`; not a dataclass field
 
-    def with_num_tokens(self, num_tokens: torch.Tensor | None) -> "MemoryCausalLMOutput":
+    def with_num_tokens(self, num_tokens: torch.Tensor | None) -> MemoryCausalLMOutput:
         """This output with `num_tokens` set (outside the output's entries, see the class docstring)."""
         object.__setattr__(self, "num_tokens", num_tokens)
         return self

@@ -24,7 +24,7 @@ class Packing:
     order: torch.Tensor | None  # [B, width] caller column of each packed column; None: no padding at all
 
     @classmethod
-    def of(cls, mask: torch.Tensor) -> "Packing":
+    def of(cls, mask: torch.Tensor) -> Packing:
         mask = mask.long()
         counts = mask.sum(1)
         if bool((counts == mask.shape[1]).all()):

@@ -18,8 +18,15 @@ import transformers
 import hmt_adapters as ha
 from cases import METHOD_CASES
 from families import (
-    FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, RELEASE_DEPENDENT, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone,
-    layer_overrides, memory_read_error,
+    FAMILY_NAMES,
+    HYBRID_ATTENTION_LAYERS,
+    REFUSED,
+    RELEASE_DEPENDENT,
+    STATE_OUTSIDE_ATTENTION,
+    VOCAB,
+    family_backbone,
+    layer_overrides,
+    memory_read_error,
 )
 
 SEGMENT = 8

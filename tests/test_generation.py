@@ -7,8 +7,8 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 import hmt_adapters as ha
-from hmt_adapters.compat import output_cache
 from cases import SEGMENT, cases, wrap
+from hmt_adapters.compat import output_cache
 from tiny import MAX_POSITIONS, VOCAB, random_ids
 
 GREEDY = dict(do_sample=False, pad_token_id=0)

@@ -73,7 +73,7 @@ def test_lora_and_memory_adapters_are_saved_and_restored_together(tmp_path):
     lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
     assert lora, "LoRA weights must stay trainable next to the memory parameters"
     with torch.no_grad():
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.1 * torch.randn_like(p))
     model.eval()
@@ -245,7 +245,7 @@ def test_an_adapter_with_lora_loads_by_hub_repo_id_from_the_cache_offline(tmp_pa
 
 
 def test_hub_revision_and_subfolder_pick_the_adapter(tmp_path):
-    for seed, name in ((0, "main"), (1, "dev")):
+    for name in ("main", "dev"):
         trained(ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2)).save_pretrained(
             tmp_path / name)
     cache = hub_cache(tmp_path / "hub", "org/rmt", tmp_path / "main")

@@ -99,9 +99,8 @@ def test_recall_probe_measures_the_attention_full_attention_puts_on_the_key():
     """The benchmark's probe (values replaced by a key indicator) reads exactly the attention weights on the key:
     for XL covering the document they equal the full-attention backbone's own attention probabilities."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from recall_probe import key_positions, probe_unimem
-
     from hmt_adapters.tasks import RecallTask
+    from recall_probe import key_positions, probe_unimem
 
     task, gap = RecallTask(segment_length=L, num_digits=4, vocab_size=VOCAB), 2
     full = tiny_backbone("llama")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from cases import SEGMENT, wrap
 from tiny import random_ids

@@ -1,7 +1,7 @@
 """Building blocks shared by memory methods (UniMem's management, writing, reading and injection roles)."""
 
-from .tokens import RecurrentTokens, append_tail, learned_tokens, newest_or_init, push_fifo, trim_empty_columns
 from .retrieval import MemoryRetrieval
+from .tokens import RecurrentTokens, append_tail, learned_tokens, newest_or_init, push_fifo, trim_empty_columns
 
 __all__ = [
     "MemoryRetrieval",

@@ -57,7 +57,7 @@ def token_nll(model: MemoryModel, ids: torch.Tensor) -> torch.Tensor:
             losses.append(F.cross_entropy(previous[None], chunk[0, :1]))
         losses.append(F.cross_entropy(logits[:-1], chunk[0, 1:], reduction="none"))
         previous = logits[-1]
-    return torch.cat([l.reshape(-1) for l in losses]).cpu()
+    return torch.cat([loss.reshape(-1) for loss in losses]).cpu()
 
 
 @torch.no_grad()

@@ -46,7 +46,7 @@ class MelodiWindow(AttentionContext):
     no summary slots: the mixers run when the whole window is read, spec §2.7).
     """
 
-    owner: "Melodi | None" = None
+    owner: Melodi | None = None
     token_mask: torch.Tensor | None = None
     short_term: dict[int, torch.Tensor] = field(default_factory=dict)
     long_term: torch.Tensor | None = None
