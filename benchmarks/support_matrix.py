@@ -3,7 +3,8 @@
     python benchmarks/support_matrix.py      (about a minute on one CPU core)
 
 Each cell wraps the family's tiny random model (`tests/families.py`) with the method: a refusal records its
-reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference between its logits with memory disabled and the bare
+reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference
+between its logits with memory disabled and the bare
 backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
 Per family, memory reads are checked exact: Transformer-XL with memory covering the document against the bare
 backbone over the whole document (above 1e-5 is "inexact").

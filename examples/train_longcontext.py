@@ -61,8 +61,10 @@ def tiny_backbone(haystack: str, seed: int, layers: int = 2,
                   width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A `layers`-layer Llama of width `width` from scratch and a byte-level BPE (vocabulary 512) trained on the
     haystack and the task templates (short prompts, so that short curriculum levels fit)."""
-    templates = [tasks.PASSKEY_HEAD, tasks.RULER_NIAH_HEAD, tasks.RULER_NEEDLE, "What is the pass key? The pass key is",
-                 "The special magic number for mentioned in the provided text is", " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
+    templates = [tasks.PASSKEY_HEAD, tasks.RULER_NIAH_HEAD, tasks.RULER_NEEDLE,
+                 "What is the pass key? The pass key is",
+                 "The special magic number for mentioned in the provided text is",
+                 " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
     tokenizer = train_bpe([haystack_text(haystack)[:200_000]] + templates * 50, 512)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,

@@ -95,8 +95,11 @@ def base_metadata(model: MemoryModel) -> dict[str, Any]:
     }
 
 
-def memory_state_dict(model: MemoryModel, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes one)."""
+def memory_state_dict(
+    model: MemoryModel, state_dict: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes
+    one)."""
     if state_dict is None:
         return {k: v.detach() for k, v in model.memory.state_dict().items()}
     prefix = checkpoint.MEMORY_PREFIX
@@ -390,14 +393,16 @@ def load_tokenizer(folder: str, source: str) -> Any:
 
 
 def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> torch.nn.Module:
-    """`base_model` with the peft adapter saved in `folder`: wrapped by peft, or loaded into its existing adapter layers."""
+    """`base_model` with the peft adapter saved in `folder`: wrapped by peft, or loaded into its existing adapter
+    layers."""
     from peft import PeftModel, set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
     from .training.lora import peft_on_transformers5
 
     if not any(os.path.isfile(os.path.join(folder, n)) for n in (hub.LORA_WEIGHTS_NAME, hub.LORA_BIN_NAME)):
-        raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
+        raise FileNotFoundError(f"{folder} has {hub.LORA_CONFIG_NAME} but no {hub.LORA_WEIGHTS_NAME}: the peft "
+                                "adapter is incomplete.")
     check_finite(load_peft_weights(folder, device="cpu"), f"The peft weights in {folder}")
     if not is_peft(base_model):
         with peft_on_transformers5():

@@ -39,7 +39,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 RopeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None
+) -> torch.Tensor:
     """RoPE of `x` `[..., D]` by `cos, sin` broadcastable to `[..., Dr]`; `Dr < D` rotates the first `Dr` dims only
     (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do. `family_rope` is the family's own
     function where it rotates differently from Llama's half split (interleaved pairs: Cohere, GLM, GPT-J;
@@ -52,12 +54,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rop
     return x * cos + rotate_half(x) * sin
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None
+) -> torch.Tensor:
     """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, Dr]` (the backbone's own convention)."""
     return apply_rope(x, cos[:, None], sin[:, None], family_rope)
 
 
-def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+def unrotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None
+) -> torch.Tensor:
     """Exact inverse of `rotate`: the pre-RoPE tensor (also for RoPE scaled by an attention factor, as YaRN's).
 
     Every RoPE here is `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries and `pair` a quarter turn of
@@ -70,7 +76,9 @@ def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope:
 # ---- masks ----------------------------------------------------------------------------------------------------
 
 
-def local_visibility(attention_mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+def local_visibility(
+    attention_mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device
+) -> torch.Tensor:
     """The layer's own mask as bool `[B|1, 1, q, k]` (True = visible); None means causal, aligned bottom-right."""
     if attention_mask is None:
         q = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
@@ -83,7 +91,8 @@ def local_visibility(attention_mask: torch.Tensor | None, q_len: int, k_len: int
 def delegate_mask(visible: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
     """A bool visibility mask in the format the delegate implementation expects."""
     if impl == "eager":
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible,
+                                                                                          torch.finfo(dtype).min)
     return visible
 
 
@@ -165,7 +174,8 @@ class AttentionCall:
     def layer(self) -> int:
         return self.module.layer_idx
 
-    def run(self, key: torch.Tensor | None = None, value: torch.Tensor | None = None, visible: torch.Tensor | None = None):
+    def run(self, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
+            visible: torch.Tensor | None = None):
         """The delegate on (possibly extended) K/V; `visible` is a bool mask over all keys."""
         mask = self.attention_mask if visible is None else delegate_mask(visible, self.impl, self.query.dtype)
         impl_fn = self.delegate
@@ -232,11 +242,12 @@ class AttentionContext:
             return None
         position_ids = call.kwargs.get("position_ids")
         if position_ids is None:
-            if self.rotary(torch.zeros(1, 1, dtype=torch.long, device=call.query.device), call.query, call.layer) is None:
+            probe = torch.zeros(1, 1, dtype=torch.long, device=call.query.device)
+            if self.rotary(probe, call.query, call.layer) is None:
                 return None  # no RoPE: nothing to undo
             raise NotImplementedError(
-                f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the positions "
-                "of its RoPE keys cannot be undone for memory."
+                f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the "
+                "positions of its RoPE keys cannot be undone for memory."
             )
         if self._rope_ids != id(position_ids):
             self._rope_ids, self._rope_cache = id(position_ids), {}

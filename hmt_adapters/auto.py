@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 # the Hub repo the weights come from, for the card's `base_model` metadata).
 KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str, str]] = {
     SMOLLM2_NAME: (
-        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]", "HuggingFaceTB/SmolLM2-135M-Instruct"
+        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]",
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
     ),
 }
 # The tokenizers of the known bases (loaded without their weights).
@@ -43,7 +44,8 @@ def base_model_code(name: str | None) -> str:
     """The Python lines that import what they need and build the base model `name` as `base` (for model cards)."""
     if name in KNOWN_BASES:
         return f"import hmt_adapters\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
-    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")'
+    return ("from transformers import AutoModelForCausalLM\n"
+            f'base = AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")')
 
 
 def load_base_model(name: str, dtype: torch.dtype | None = None, **kwargs: Any) -> PreTrainedModel:

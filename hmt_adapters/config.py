@@ -22,7 +22,8 @@ METADATA_KEYS = (
 
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    """The JSON object in `path`; a `ValueError` naming `what` and the file when it is not valid JSON or not an object."""
+    """The JSON object in `path`; a `ValueError` naming `what` and the file when it is not valid JSON or not an
+    object."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -55,7 +56,8 @@ def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
         raise ValueError(f"`{name}` must be a number{_allowed(meta, default)}, got {value!r}.")
     lo, hi = meta.get("min"), meta.get("max")
     if kind is tuple:
-        if not isinstance(value, tuple) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        if not isinstance(value, tuple) or not value or any(isinstance(v, bool) or not isinstance(v, int)
+                                                            for v in value):
             raise ValueError(f"`{name}` must be a non-empty list of integers{_allowed(meta, default)}, got {value!r}.")
         bad = [v for v in value if (lo is not None and v < lo) or (hi is not None and v > hi)]
         if bad:
@@ -156,7 +158,8 @@ class MemoryConfig:
         return json.dumps({**self.to_dict(), **metadata}, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str | os.PathLike, **metadata: Any) -> str:
-        """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the fields)."""
+        """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the
+        fields)."""
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, CONFIG_NAME)
         with open(path, "w", encoding="utf-8") as fh:

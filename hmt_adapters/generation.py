@@ -1,6 +1,7 @@
 """Generation with memory through transformers' own `generate`.
 
-`MemoryGenerationCache` is the cache (`past_key_values` before transformers 5.24) HF generate carries from step to step. It holds the memory state of
+`MemoryGenerationCache` is the cache (`past_key_values` before transformers 5.24) HF generate carries from step to
+step. It holds the memory state of
 the closed segments and the backbone's own cache of the open segment, so decoding reads one token per step inside
 the open segment; when a segment fills up it is folded into memory with the exact training-time segment step and a
 new segment opens. Prompts of any length are read segment by segment, a bounded number at a time, each row from its
@@ -108,7 +109,8 @@ class MemoryGenerationCache:
 
     is_croppable = False  # HF generate capabilities: no rollback, no torch.compile of the decode step
     is_compileable = False
-    # Not a linear (state-space) cache: generate slices the prompt by `get_seq_length` (read from transformers 5.24 on).
+    # Not a linear (state-space) cache: generate slices the prompt by `get_seq_length` (read from transformers
+    # 5.24 on).
     is_linear = (False,)
 
     def __init__(self, model: MemoryModel, state: MemoryState):
@@ -133,7 +135,8 @@ class MemoryGenerationCache:
         parts = [(g.rows, g.state) for g in self.groups]
         tensors = merge_rows(parts, self.batch_size)
         first = self.groups[0].state
-        state = MemoryState(first.method, tensors, max(g.state.segments_seen for g in self.groups), extras=dict(first.extras))
+        state = MemoryState(first.method, tensors, max(g.state.segments_seen for g in self.groups),
+                            extras=dict(first.extras))
         opened = [(g.rows, *g.open_tokens()) for g in self.groups]
         width = max(int(mask.sum(1).max()) if mask.numel() else 0 for _, _, mask in opened)
         if width:
@@ -153,7 +156,8 @@ class MemoryGenerationCache:
 
     @torch.no_grad()
     def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Read new tokens `[B, n]` (mask 0: padding, skipped); returns the logits of each row's last token `[B, 1, V]`."""
+        """Read new tokens `[B, n]` (mask 0: padding, skipped); returns the logits of each row's last token
+        `[B, 1, V]`."""
         self.tokens_read += ids.shape[1]
         groups, outputs = [], []
         for group in self.groups:
@@ -175,7 +179,9 @@ class MemoryGenerationCache:
             out[rows] = logits
         return out
 
-    def _regroup(self, group: RowGroup, ids: torch.Tensor, mask: torch.Tensor) -> list[tuple[RowGroup, torch.Tensor | None]]:
+    def _regroup(
+        self, group: RowGroup, ids: torch.Tensor, mask: torch.Tensor
+    ) -> list[tuple[RowGroup, torch.Tensor | None]]:
         """Read `group`'s open tokens again with the new ones, splitting its rows by where their segments close."""
         before_ids, before_mask = group.open_tokens()
         packing = Packing.of(torch.cat([before_mask.long(), mask.long()], dim=1))
@@ -281,7 +287,8 @@ class RowGroup:
         step = PREFILL_SEGMENTS * self.segment_length
         for start in range(0, ids.shape[1], step):
             end = start + step
-            self.state = self.model.runtime.run(ids[:, start:end], mask[:, start:end], None, self.state, keep_logits=False).state
+            self.state = self.model.runtime.run(ids[:, start:end], mask[:, start:end], None, self.state,
+                                                keep_logits=False).state
 
     def _fold_last(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Close one full segment and return its last logits (the prediction of the next segment's first token)."""

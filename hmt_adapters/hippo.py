@@ -84,7 +84,8 @@ def legs_transition(order: int, start: int, end: int, dtype: torch.dtype = _F64)
     """The ZOH state map from `start` to `end` tokens, `(start/end)^A` `[N, N]`; zero when `start == 0`.
 
     `P[n, m] = (1/e) int_0^s g_m^(s) g_n^(e) dx` (spec §1.2, item 4). With `r = s/e` and shifted Legendre
-    polynomials `p_n(y) = P_n(2y - 1)`, `p_n(r y) = sum_m a^(n)_m p_m(y)` and `P[n, m] = r sqrt((2n+1)/(2m+1)) a^(n)_m`.
+    polynomials `p_n(y) = P_n(2y - 1)`, `p_n(r y) = sum_m a^(n)_m p_m(y)` and
+    `P[n, m] = r sqrt((2n+1)/(2m+1)) a^(n)_m`.
     The rows `a^(n)` follow Legendre's recurrence `(n+1) p_{n+1}(u') = (2n+1) u' p_n(u') - n p_{n-1}(u')` with
     `u' = r u + r - 1`, `u = 2y - 1`, where multiplying by `u` is tridiagonal in the `p_m` basis. O(N^2) work, each
     row bounded (the map is a contraction), no matrix exponential. Rows are built in float64 numpy (N short steps).

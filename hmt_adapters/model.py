@@ -163,7 +163,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return self.adapter.model.get_input_embeddings()
 
     def _freeze_backbone(self) -> None:
-        """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and `modules_to_save`)."""
+        """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and
+        `modules_to_save`)."""
         keep_peft = causal_lm_is_peft(self.backbone)
         for p in self.backbone.parameters():
             if not (keep_peft and p.requires_grad):
@@ -257,7 +258,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         `generate` a memory model returns no cache.
         """
         if not return_dict:
-            raise ValueError("MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
+            raise ValueError(
+                "MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
         cache = one_cache(cache, past_key_values)
         if cache is not None:
             return self._read_for_generation(input_ids, attention_mask, cache)
@@ -319,11 +321,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         targets = None
         if labels is not None:
             chunk = Packing.of(mask)
-            inside = chunk.unpack(shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)), IGNORE_INDEX)
+            inside = chunk.unpack(shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)),
+                                  IGNORE_INDEX)
             targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
         stream = Packing.of(mask_all)
         result, open_ids, open_mask = read_stream(
-            self.runtime, stream.pack(ids_all), stream.counts, None if targets is None else stream.pack(targets, IGNORE_INDEX), state
+            self.runtime, stream.pack(ids_all), stream.counts,
+            None if targets is None else stream.pack(targets, IGNORE_INDEX), state
         )
         new_state = result.state
         if open_ids.shape[1]:
@@ -348,11 +352,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         kwargs = dict(activation_checkpointing_kwargs or {})
         if kwargs.pop("use_reentrant", False) or kwargs:
             raise ValueError(
-                f"Per-segment checkpointing is always non-reentrant and takes no options; got {activation_checkpointing_kwargs!r} "
+                "Per-segment checkpointing is always non-reentrant and takes no options; got "
+                f"{activation_checkpointing_kwargs!r} "
                 "(allowed: None or {'use_reentrant': False})."
             )
         if every_n_layers != 1:
-            raise ValueError(f"`every_n_layers` must be 1: memory models checkpoint whole segments, got {every_n_layers}.")
+            raise ValueError("`every_n_layers` must be 1: memory models checkpoint whole segments, got "
+                             f"{every_n_layers}.")
         self.memory_config.gradient_checkpointing = True
         self.memory_config.offload_activations = self.memory_config.offload_activations or offload
 
@@ -385,7 +391,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         missing = sorted(set(result.missing_keys) - checkpoint.frozen_keys(self))
         if strict and (missing or result.unexpected_keys):
             raise RuntimeError(
-                f"Error(s) in loading state_dict for {type(self).__name__}: missing {missing}, unexpected {result.unexpected_keys}."
+                f"Error(s) in loading state_dict for {type(self).__name__}: missing {missing}, unexpected "
+                f"{result.unexpected_keys}."
             )
         return type(result)(missing, result.unexpected_keys)
 
@@ -438,11 +445,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
 
     def _expand_inputs_for_generation(
-        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None, **model_kwargs: Any
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None,
+        **model_kwargs: Any
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
         cache = model_kwargs.get(CACHE_KWARG)
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids,
+                                                                        **model_kwargs)
         if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
             cache.batch_repeat_interleave(expand_size)
         return input_ids, model_kwargs
@@ -492,7 +501,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
         Every file is written to a temporary folder first and the complete folder replaces an earlier save in one
         rename, so an error or a kill while saving leaves the earlier save whole and a reader never sees a mix;
-        peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
+        peft files of an earlier save that this one does not write are removed, other files in the folder are kept.
+        With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
         trainable weights under this model's key names, the only file `resume_from_checkpoint` reads. `tokenizer`
@@ -501,7 +511,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         find it.
         """
         if safe_serialization is not True:
-            raise ValueError(f"hmt-adapters writes safetensors only; `safe_serialization` must be True, got {safe_serialization!r}.")
+            raise ValueError("hmt-adapters writes safetensors only; `safe_serialization` must be True, got "
+                             f"{safe_serialization!r}.")
         push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", *hub.PUSH_KWARGS) if k in kwargs}
         hub.refuse_unknown("MemoryModel.save_pretrained", kwargs, ["state_dict", "is_main_process", "push_to_hub",
                            "safe_serialization", "tokenizer", "repo_id", *hub.PUSH_KWARGS],
@@ -571,7 +582,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def _check_inputs(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or min(input_ids.shape) < 1:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got {shape}.")
+            raise ValueError("`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got "
+                             f"{shape}.")
         if input_ids.is_floating_point():
             raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
         vocab = self.adapter.vocab_size
@@ -583,8 +595,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if attention_mask is None:
             return input_ids, torch.ones_like(input_ids)
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-            raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
+            shape = (tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor)
+                     else type(attention_mask).__name__)
+            raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
+                             f"{shape}.")
         return input_ids, (attention_mask.to(input_ids.device) != 0).long()  # transformers' rule: nonzero attends
 
     @staticmethod
@@ -686,8 +700,8 @@ def check_wrappable(model: nn.Module) -> None:
     inner = unwrap_causal_lm(model)
     if isinstance(model, MemoryModel) or isinstance(inner, MemoryModel):
         raise TypeError(
-            f"This is already a MemoryModel ('{(model if isinstance(model, MemoryModel) else inner).method}'); wrap its "
-            "backbone (`model.backbone`) instead, or load another adapter with MemoryModel.from_pretrained."
+            f"This is already a MemoryModel ('{(model if isinstance(model, MemoryModel) else inner).method}'); wrap "
+            "its backbone (`model.backbone`) instead, or load another adapter with MemoryModel.from_pretrained."
         )
     for name, peft_config in (getattr(model, "peft_config", None) or {}).items() if inner is not model else ():
         if getattr(peft_config, "is_prompt_learning", False):
@@ -700,16 +714,18 @@ def check_wrappable(model: nn.Module) -> None:
         return  # not a HF model: get_backbone_adapter says what it expects
     cls, model_type = type(inner).__name__, getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs (AutoModelForCausalLM).")
+        raise ValueError(f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs "
+                         "(AutoModelForCausalLM).")
     causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     non_causal = {*MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()}
     if cls in non_causal and cls not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         hint = f" ({model_type}'s causal LM is {causal}, with is_decoder=True)" if causal else ""
-        raise ValueError(f"{cls} is not a causal LM: its tokens attend to later tokens, so memory would leak the future{hint}.")
+        raise ValueError(f"{cls} is not a causal LM: its tokens attend to later tokens, so memory would leak the "
+                         f"future{hint}.")
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
         raise ValueError(
-            f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens would "
-            "see later tokens. Build it with is_decoder=True to use it as a causal LM."
+            f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens "
+            "would see later tokens. Build it with is_decoder=True to use it as a causal LM."
         )
 
 
@@ -728,6 +744,7 @@ def wrap_with_memory(
         config = get_method(method_or_config).make_config(method_or_config, **overrides)
     else:
         raise TypeError(
-            f"`method_or_config` must be a method name {available_methods()} or a MemoryConfig, got {type(method_or_config).__name__}."
+            f"`method_or_config` must be a method name {available_methods()} or a MemoryConfig, got "
+            f"{type(method_or_config).__name__}."
         )
     return MemoryModel(model, config, freeze_backbone=freeze_backbone)

@@ -60,7 +60,8 @@ class MemoryState:
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MemoryState:
         """A copy on `device`; floating tensors are cast to `dtype` when given."""
-        return self._map(lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None))
+        return self._map(lambda t: t.to(device=device,
+                                        dtype=dtype if dtype is not None and t.is_floating_point() else None))
 
     def clone(self) -> MemoryState:
         return self._map(lambda t: t.clone())

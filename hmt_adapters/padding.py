@@ -17,7 +17,8 @@ from .runtime import IGNORE_INDEX, RunResult, SegmentRuntime
 
 @dataclass
 class Packing:
-    """How a `[B, T]` batch maps to its packed `[B, width]` layout (row i's real tokens in columns `[0, counts[i])`)."""
+    """How a `[B, T]` batch maps to its packed `[B, width]` layout (row i's real tokens in columns
+    `[0, counts[i])`)."""
 
     mask: torch.Tensor  # [B, T] caller mask (1 = real token)
     counts: torch.Tensor  # [B] real tokens per row
@@ -66,11 +67,13 @@ def columns_below(counts: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def shift_columns(x: torch.Tensor, start: torch.Tensor, width: int, fill: int | float = 0) -> torch.Tensor:
-    """`[B, width, ...]`: row i's columns `[start[i], start[i] + width)` of `x` (outside `x`, before or past it: `fill`)."""
+    """`[B, width, ...]`: row i's columns `[start[i], start[i] + width)` of `x` (outside `x`, before or past it:
+    `fill`)."""
     cols = start[:, None] + torch.arange(width, device=x.device)[None, :]
     inside = (cols >= 0) & (cols < x.shape[1])
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    out = x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))] if x.shape[1] else x.new_full((x.shape[0], width, *x.shape[2:]), fill)
+    out = (x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))] if x.shape[1]
+           else x.new_full((x.shape[0], width, *x.shape[2:]), fill))
     keep = inside.view(*inside.shape, *([1] * (x.dim() - 2)))
     return torch.where(keep, out, torch.full_like(out, fill))
 
@@ -90,7 +93,8 @@ def align_ends(ids: torch.Tensor, counts: torch.Tensor, segment_length: int) -> 
 
 def select_rows(state: MemoryState, index: torch.Tensor) -> MemoryState:
     """The state of rows `index` (state tensors are batch-first); pending tokens follow their rows."""
-    out = MemoryState(state.method, {k: v[index] for k, v in state.tensors.items()}, state.segments_seen, extras=dict(state.extras))
+    out = MemoryState(state.method, {k: v[index] for k, v in state.tensors.items()}, state.segments_seen,
+                      extras=dict(state.extras))
     if state.pending_ids is not None:
         out.pending_ids, out.pending_mask = state.pending_ids[index], state.pending_mask[index]
     return out
@@ -108,7 +112,8 @@ def merge_rows(parts: list[tuple[torch.Tensor, MemoryState]], batch_size: int) -
     return merged
 
 
-def read_stream(runtime: SegmentRuntime, ids: torch.Tensor, counts: torch.Tensor, targets: torch.Tensor | None, state: MemoryState):
+def read_stream(runtime: SegmentRuntime, ids: torch.Tensor, counts: torch.Tensor, targets: torch.Tensor | None,
+                state: MemoryState):
     """Read packed rows `[B, W]` (row i's `counts[i]` tokens first) from `state`, each row closing its own segments.
 
     Returns `(result, open_ids, open_mask)`: `result.logits` is in the packed layout, `result.state` has folded
@@ -136,7 +141,8 @@ def read_stream(runtime: SegmentRuntime, ids: torch.Tensor, counts: torch.Tensor
     if rest or not widest:  # rows' unfinished segments (or, for an all-padding batch, one empty column)
         width = max(rest, 1)
         mask = columns_below(opened, width).long()
-        part = None if targets is None else shift_columns(targets, closed * length, width, IGNORE_INDEX).masked_fill(~mask.bool(), IGNORE_INDEX)
+        part = None if targets is None else shift_columns(targets, closed * length, width, IGNORE_INDEX).masked_fill(
+            ~mask.bool(), IGNORE_INDEX)
         second = runtime.run(shift_columns(ids, closed * length, width), mask, part, state, close_last=False)
         state, loss_sum, num_tokens = second.state, loss_sum + second.loss_sum, num_tokens + second.num_tokens
         logits.append(second.logits)

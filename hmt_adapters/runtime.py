@@ -51,7 +51,9 @@ def supervised_segments(targets: torch.Tensor | None, spans: list[tuple[int, int
     return (hits[ends] > hits[starts]).tolist()
 
 
-def resolve_keep_logits(return_logits: bool | None, training: bool, has_labels: bool, num_items_in_batch: object) -> bool:
+def resolve_keep_logits(
+    return_logits: bool | None, training: bool, has_labels: bool, num_items_in_batch: object
+) -> bool:
     """`return_logits=None`: keep logits except in a trainer's training step, which reads only the loss.
 
     A training step is recognised by what the HF `Trainer` passes there: labels and `num_items_in_batch`, in train
@@ -214,7 +216,8 @@ class SegmentRuntime:
             ce, count = hidden.new_zeros((), dtype=torch.float32), ids.new_zeros(())
         else:
             flat = targets.reshape(-1)
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX, reduction="sum")
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX,
+                                 reduction="sum")
             count = (flat != IGNORE_INDEX).sum()
         new = tensors
         if self.memory_enabled and closes:

@@ -129,7 +129,8 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
 def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
     from hmt_adapters.training import add_lora
 
-    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None, freeze_backbone=True)
+    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None,
+                               freeze_backbone=True)
     model.save_pretrained(tmp_path)
     loaded = recipe.load_for_training(add_lora(tiny_llama(len(tiny_tokenizer()))), str(tmp_path), freeze_backbone=True)
     trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}

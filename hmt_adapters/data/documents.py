@@ -17,7 +17,8 @@ def _local_files(source: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     if isinstance(source, (list, tuple)):
         paths = [os.fspath(p) for p in source]
     elif os.path.isdir(source):
-        paths = sorted(os.path.join(source, f) for f in os.listdir(source) if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES))
+        paths = sorted(os.path.join(source, f)
+                       for f in os.listdir(source) if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES))
         if not paths:
             raise ValueError(f"The folder {os.fspath(source)!r} holds no {TEXT_SUFFIXES + JSON_SUFFIXES} files.")
     elif os.path.exists(source) or os.path.splitext(os.fspath(source))[1] in TEXT_SUFFIXES + JSON_SUFFIXES:
@@ -37,7 +38,8 @@ def load_documents(
     split: str = "train",
     **load_kwargs: Any,
 ) -> Dataset:
-    """Load documents: `.txt`/`.md` files (one document per file), `.json`/`.jsonl` files (one per row) or a Hub dataset.
+    """Load documents: `.txt`/`.md` files (one document per file), `.json`/`.jsonl` files (one per row) or a Hub
+    dataset.
 
     The result has a `text` column (renamed from `text_column`) and, for text files, a `title` column (the file name).
     `load_kwargs` go to `datasets.load_dataset` (e.g. `name=` for a dataset configuration).

@@ -34,7 +34,9 @@ def corpus_nll(
     return total, count
 
 
-def perplexity(model: MemoryModel, windows: Sequence[Sequence[int]], batch_size: int = 1, progress: bool = False) -> float:
+def perplexity(
+    model: MemoryModel, windows: Sequence[Sequence[int]], batch_size: int = 1, progress: bool = False
+) -> float:
     """Corpus perplexity exp(total NLL / total predicted tokens) over `windows`."""
     total, count = corpus_nll(model, windows, batch_size, progress)
     return math.exp(total / count)
@@ -85,5 +87,6 @@ def perplexity_by_length(nll: torch.Tensor, lengths: Sequence[int]) -> dict[str,
     out = {}
     for c in lengths:
         if nll.numel() >= c - 1:
-            out[str(c)] = {"bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())), "prefix": math.exp(float(nll[: c - 1].mean()))}
+            out[str(c)] = {"bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())),
+                           "prefix": math.exp(float(nll[: c - 1].mean()))}
     return out
