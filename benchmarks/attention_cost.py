@@ -1,5 +1,5 @@
 """Attention-level memory (Transformer-XL, TRAMS, Memorizing Transformer, UniMix): inference cost against the bare
-backbone on the same segments (DESIGN §7). Run: `.venv/bin/python benchmarks/attention_cost.py` (a few minutes).
+backbone on the same segments (docs/cost.md). Run: `.venv/bin/python benchmarks/attention_cost.py` (a few minutes).
 
 - bare: the same wrapped model read with memory disabled (each segment alone, the same runtime); every run, bare
   included, computes the loss on every token, so the LM head runs on every token of every run (docs/cost.md);

@@ -1,4 +1,4 @@
-"""What memory costs at inference, for every method against the bare backbone (DESIGN §7, issues 3, 8, 9).
+"""What memory costs at inference, for every method against the bare backbone (docs/cost.md).
 
 1. throughput: tokens/s of each wrapped model over 16 segments of 512 tokens against the bare backbone on the same
    segments (memory disabled: each segment alone), next to the FLOP ratio the method must pay (counted by

@@ -1,4 +1,4 @@
-"""Long-context suite (issue 16): passkey, RULER needles and variable tracking, BABILong-style qa1-qa3 and book
+"""Long-context suite: passkey, RULER needles and variable tracking, BABILong-style qa1-qa3 and book
 perplexity against length, for each saved memory adapter and the bare backbone's baselines.
 
 Readers (every table has all of them):

@@ -1,5 +1,5 @@
 """MELODI: memory per layer against Transformer-XL and the Memorizing Transformer, and throughput against the bare
-backbone (DESIGN §7). Run: `.venv/bin/python benchmarks/melodi.py` (a few minutes on 2 CPU cores).
+backbone (docs/melodi.md). Run: `.venv/bin/python benchmarks/melodi.py` (a few minutes on 2 CPU cores).
 
 1. Memory for the same history of `Q_max` windows, read off the state tensors the methods really allocate
    (`init_memory` and after streaming the history), at the paper's size (13 layers, D = 1024, W = 512, S128 + L64,

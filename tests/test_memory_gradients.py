@@ -1,5 +1,6 @@
-"""Where training signal flows through K/V memory (issue 17): the stop-gradient on stored keys/values cuts a loss at
-the end of a document off from its first segment; without it, Transformer-XL covering the document trains exactly
+"""Where training signal flows through K/V memory (docs/attention_memory.md, "Training from scratch"): the
+stop-gradient on stored keys/values cuts a loss at the end of a document off from its first segment; without it,
+Transformer-XL covering the document trains exactly
 like full attention, and every K/V reading rule passes gradient back to what it read."""
 
 from __future__ import annotations

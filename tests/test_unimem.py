@@ -85,7 +85,7 @@ HAND_KEYS = torch.tensor([[3.0, -3.0], [1.0, 1.0], [-4.0, -2.0], [2.0, 0.0], [0.
     [
         # |K'| * |1.K'|: slot 2 (norm sqrt(20), sum -6) ranks first
         ("code", [0.0, 2 * 2**0.5, 20**0.5 * 6, 4.0, 0.5**0.5], [2, 3, 4]),
-        # 1.K' / sqrt(D): the same slot 2 ranks last (spec T13)
+        # 1.K' / sqrt(D): the same slot 2 ranks last
         ("paper", [0.0, 2**0.5, -6 / 2**0.5, 2 / 2**0.5, 1 / 2**0.5], [1, 3, 4]),
         ("norm", [18**0.5, 2**0.5, 20**0.5, 2.0, 0.5**0.5], [0, 2, 4]),
     ],

@@ -16,14 +16,14 @@ def _gather_slots(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 class MambaAdapter(RecurrentAdapter):
-    """Each segment starts from a fresh SSM state (HMT spec §2.8).
+    """Each segment starts from a fresh SSM state (the backbone reads each segment on its own, HMT §3.1).
 
     A zero input still moves an SSM's state, so masked slots inside a window (absent sensory tokens, padding in a
     segment) are moved to the front of the row, where Mamba's own left-padding handling makes them a no-op.
     """
 
     model_types = ("mamba", "mamba2", "falcon_mamba")
-    continues_multi_token = False  # HF's multi-token scan restarts from a zero SSM state (env notes, pitfall 4)
+    continues_multi_token = False  # HF's multi-token scan restarts from a zero SSM state
 
     def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
         return {"attention_mask": mask, "use_cache": False}

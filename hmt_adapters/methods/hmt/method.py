@@ -1,6 +1,6 @@
 """HMT: `[P ; sensory ; segment ; P]` per segment, P retrieved from cached memory embeddings (input level).
 
-Per segment n (HMT §3, spec §2):
+Per segment n (HMT §3.1-3.3, Eqs. 1-5):
 1. representation encoding: `S_n` = backbone output at the trailing T of `[T ; j query tokens ; T]`;
 2. memory search: `P_n = softmax(S_n W_q (C W_k)^T / sqrt(d_h)) C` over the last N memory embeddings C;
 3. the main pass over `[P_n ; E(last k tokens of n-1) ; E(x_n) ; P_n]`;

@@ -1,6 +1,6 @@
 """MELODI over a Hugging Face decoder: summary tokens, per-layer short-term memory, one long-term layer.
 
-Per window `k` (= segment; MELODI §3, spec §2.8, window-major):
+Per window `k` (= segment; MELODI §3, window-major as App. C.1):
 1. the window is `[x ; u]`: the tokens, then `S` summary tokens `U0` (the layout's suffix, so they carry no
    logits and no loss, and no context token sees them: they come after every token under the causal mask);
 2. each short-term layer `l` attends `[z_{k-1}^l ; x ; u]` (`reads.short_term_read`);
@@ -12,8 +12,8 @@ Per window `k` (= segment; MELODI §3, spec §2.8, window-major):
 
 Gradients flow through `z` and the long-term K/V across windows (MELODI App. C.1 trains 8 windows with full BPTT);
 `bptt_depth` cuts them (the runtime detaches every state tensor), which is the paper's stop-gradient between
-training segments (spec §2.6). The top memory layer has no `T_u`: the summaries it would send up are read by no
-memory layer and are discarded with the top-layer summaries (spec §2.5), so that mixer could never learn.
+training segments (docs/melodi.md). The top memory layer has no `T_u`: the summaries it would send up are read by no
+memory layer and are discarded with the top-layer summaries (MELODI §3.2), so that mixer could never learn.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class MelodiWindow(AttentionContext):
     `owner` is the method whose mixers act on this call; `token_mask` `[B, W']` covers the window's token slots;
     `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run. `cached` says
     whether the latest attention call continued a KV cache (token-by-token decoding of an open window, which has
-    no summary slots: the mixers run when the whole window is read, spec §2.7).
+    no summary slots: the mixers run when the whole window is read, MELODI App. C.2).
     """
 
     owner: Melodi | None = None
@@ -186,7 +186,7 @@ class Melodi(MemoryMethod):
         m = self.long_term_layer
         if m is not None:
             # K/V of the long-term tokens from layer M's own norm and projections, computed once at store time
-            # (spec §2.4.3); stored pre-RoPE and read position-free
+            # (MELODI §3.3); stored pre-RoPE and read position-free
             keys, values = self.backbone.layer_kv(m, window.long_term)
             real = segment.mask.new_ones(keys.shape[0], keys.shape[2])
             store = {name: state[name] for name in ("pos", "valid", "seen", f"k.{m}", f"v.{m}")}

@@ -1,5 +1,6 @@
-"""UniMem-style K/V memory (UniMem §2-3, spec §9): FIFO management, direct writing of pre-RoPE keys/values, a reading
-rule, injection in chosen layers through the patched attention, and optionally RMT tokens at the input (UniMix)."""
+"""UniMem-style K/V memory (UniMem §2-3; docs/attention_memory.md): FIFO management, direct writing of pre-RoPE
+keys/values, a reading rule, injection in chosen layers through the patched attention, and optionally RMT tokens at the
+input (UniMix)."""
 
 from __future__ import annotations
 
