@@ -408,7 +408,7 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
         with peft_on_transformers5():
             config = _read_peft_config(folder, is_trainable)
             return PeftModel.from_pretrained(base_model, folder, config=config, is_trainable=is_trainable)
-    result = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
+    result: Any = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
     if result.unexpected_keys:
         raise ValueError(
             f"The peft weights in {folder} do not fit the LoRA layers of the given backbone "

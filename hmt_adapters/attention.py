@@ -99,7 +99,7 @@ def delegate_mask(visible: torch.Tensor, impl: str, dtype: torch.dtype) -> torch
 # ---- registration ---------------------------------------------------------------------------------------------
 
 
-def delegate_of(module: nn.Module) -> str:
+def delegate_of(module: Any) -> str:
     """The implementation the memory function wraps for `module` (`sdpa`, `eager`, ...)."""
     impl = module.config._attn_implementation
     return impl[len(PREFIX) :] if impl.startswith(PREFIX) else impl
@@ -111,7 +111,7 @@ def delegate_function(module: nn.Module, impl: str) -> Callable:
     return ALL_ATTENTION_FUNCTIONS[impl]
 
 
-def use_memory_attention(causal_lm: nn.Module) -> str:
+def use_memory_attention(causal_lm: Any) -> str:
     """Switch `causal_lm` to the memory attention wrapping its current implementation; returns the new name."""
     current = causal_lm.config._attn_implementation or "eager"
     if current.startswith(PREFIX):
@@ -159,7 +159,7 @@ def _rope_type(module: nn.Module, layer: int) -> tuple[str | None, bool]:
 class AttentionCall:
     """Everything one layer's attention call received, with helpers to run it with extra memory K/V."""
 
-    module: nn.Module
+    module: Any  # the family's attention module (its `layer_idx`, `config`, ... vary by family)
     query: torch.Tensor  # [B, Hq, q, D] (post-RoPE)
     key: torch.Tensor  # [B, Hkv, k, D] (post-RoPE, cache included)
     value: torch.Tensor  # [B, Hkv, k, D]
@@ -236,7 +236,7 @@ class AttentionContext:
             return None
         return self.rotary(position_ids, like, self.layer)
 
-    def call_rope(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def call_rope(self, call: AttentionCall) -> tuple[Any, ...] | None:
         """`(cos, sin)` of this call's query positions (computed once per backbone call and RoPE type)."""
         if self.rotary is None:
             return None

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 CONFIG_NAME = "memory_config.json"
 
@@ -125,7 +125,7 @@ class MemoryConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields plus `method`, ready for JSON."""
-        out = {"method": self.method_name}
+        out: dict[str, Any] = {"method": self.method_name}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
@@ -170,7 +170,7 @@ class MemoryConfig:
     def from_json_file(cls, path: str | os.PathLike) -> MemoryConfig:
         return MemoryConfig.from_dict(read_json_object(path, "The memory config file"))
 
-    def replace(self, **changes: Any) -> MemoryConfig:
+    def replace(self, **changes: Any) -> Self:
         """A copy with `changes` applied (validated like a fresh config)."""
         unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:

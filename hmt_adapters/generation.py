@@ -119,6 +119,7 @@ class MemoryGenerationCache:
         start = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
         group = RowGroup(model, start, torch.arange(self.batch_size, device=_device(state)))
         if state.pending_length:  # tokens a `step` left in an open segment: read again with the prompt
+            assert state.pending_ids is not None and state.pending_mask is not None
             group.unread = (state.pending_ids, state.pending_mask.long())
         else:
             empty = torch.zeros(self.batch_size, 0, dtype=torch.long, device=group.rows.device)
@@ -159,7 +160,8 @@ class MemoryGenerationCache:
         """Read new tokens `[B, n]` (mask 0: padding, skipped); returns the logits of each row's last token
         `[B, 1, V]`."""
         self.tokens_read += ids.shape[1]
-        groups, outputs = [], []
+        groups: list[RowGroup] = []
+        outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         for group in self.groups:
             rows_ids, rows_mask = ids[group.rows], mask[group.rows]
             if group.unread is None and bool(rows_mask.bool().all()):  # aligned rows: extend the open segment
@@ -295,6 +297,7 @@ class RowGroup:
         self.open = None
         result = self.model.runtime.run(ids, mask, None, self.state)
         self.state = result.state
+        assert result.logits is not None
         return result.logits[:, -1:]
 
     # ---- the open segment ------------------------------------------------------------------------------------
@@ -308,6 +311,7 @@ class RowGroup:
         adapter = self.model.adapter
         if not adapter.continues_cache or (new > 1 and not adapter.continues_multi_token):
             return False
+        assert self.open is not None
         return self.open.prepared_with >= self.model.memory.layout_fixed_after()
 
     def _extend(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

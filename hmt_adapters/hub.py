@@ -97,6 +97,7 @@ def adapter_folder(
         ) from None
     patterns = [posixpath.join(sub, f) if sub else f for f in (*ADAPTER_FILES, *TOKENIZER_FILES)]
     where = f"revision {revision or 'main'}" + (f", subfolder {sub!r}" if sub else "")
+    cache_dir = None if cache_dir is None else os.fspath(cache_dir)
     try:
         snapshot = snapshot_download(
             name, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,

@@ -97,7 +97,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         config._attn_implementation_internal = attn_implementation  # the shared backbone config stays as it was
         self.loss_type = "ForCausalLM"  # labels are shifted inside: Trainer counts targets over labels[..., 1:]
-        self.backbone = base_model
+        self.backbone: Any = base_model  # any HF causal LM, peft-wrapped or not
         self.adapter = adapter
         entry = method_for_config(memory_config)
         if entry.needs_attention:
@@ -147,7 +147,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """Refused: transformers' peft integration would freeze and drop the memory (see `PEFT_ORDER`)."""
         raise TypeError(f"MemoryModel.add_adapter is not supported: {PEFT_ORDER}.")
 
-    def load_adapter(self, *args: Any, **kwargs: Any) -> None:
+    def load_adapter(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]  # refuses any call
         """Refused: memory adapters load with `MemoryModel.from_pretrained` / `AutoMemoryModelForCausalLM`."""
         raise TypeError(
             "MemoryModel.load_adapter is not supported: load a saved memory adapter (with its LoRA) with "
@@ -170,7 +170,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             if not (keep_peft and p.requires_grad):
                 p.requires_grad_(False)
 
-    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
+    def _check_and_adjust_experts_implementation(  # type: ignore[override]  # None: the backbone's own choice
+        self, experts_implementation: str | None
+    ) -> str | None:
         """MoE experts run inside the backbone, which chose their implementation: the wrapper keeps it as is."""
         return experts_implementation
 
@@ -274,7 +276,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         result = self.runtime.run(packing.pack(ids), packing.packed_mask, targets, state, keep_logits=keep)
         return MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
-            logits=packing.unpack(result.logits) if keep else None,
+            logits=packing.unpack(result.logits) if keep and result.logits is not None else None,
         ).with_num_tokens(result.num_tokens if labels is not None else None)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -286,6 +288,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         packing = Packing.of(mask)
         state = self.init_memory(ids.shape[0], ids.device)
         result = self.runtime.run(packing.pack(ids), packing.packed_mask, None, state, keep_hidden=True)
+        assert result.logits is not None  # the hidden states, with keep_hidden
         return packing.unpack(result.logits)
 
     def step(
@@ -313,7 +316,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if torch.is_grad_enabled() and self.memory_config.bptt_depth is None:
             state = state.detach()
         pending = state.pending_length
-        if pending:
+        if pending and state.pending_ids is not None and state.pending_mask is not None:
             ids_all = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
             mask_all = torch.cat([state.pending_mask.to(mask.device).long(), mask], dim=1)
         else:
@@ -366,7 +369,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """Turn off per-segment checkpointing."""
         self.memory_config.gradient_checkpointing = False
 
-    def gradient_checkpointing_enable(
+    def gradient_checkpointing_enable(  # type: ignore[override]  # adds `offload`
         self, gradient_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
     ) -> None:
         """The name transformers before 5.23 (and its `Trainer`) use for `activation_checkpointing_enable`."""
@@ -379,7 +382,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def is_activation_checkpointing(self) -> bool:
         return self.memory_config.gradient_checkpointing
 
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+    def load_state_dict(  # type: ignore[override]  # a state dict of tensors only
+        self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
+    ):
         """Load a full or a training-checkpoint state dict (the `Trainer` and DeepSpeed resume through this).
 
         A checkpoint never holds the frozen backbone, so its absence is not reported. Memory weights, when present,
@@ -402,7 +407,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """transformers' stopping criteria without the backbone's position limit: a memory model reads any length
         in segments whose positions restart (docs/generation.md), so the "exceeded the model's predefined maximum
         length" reminder of `MaxLengthCriteria` does not apply."""
-        criteria = super()._get_stopping_criteria(generation_config, *args, **kwargs)
+        criteria = super()._get_stopping_criteria(generation_config, *args, **kwargs)  # type: ignore[misc]
         for criterion in criteria:
             if isinstance(criterion, MaxLengthCriteria):
                 criterion.max_position_embeddings = None
@@ -430,7 +435,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         `output.past_key_values` before transformers 5.24) has `memory_state()`, the state after the sequence.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
-        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)  # type: ignore[misc]
         check_generation_options(config, kwargs)
         given = one_cache(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
         if given is not None:
@@ -445,13 +450,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
 
     def _expand_inputs_for_generation(
-        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None,
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.LongTensor | None = None,
         **model_kwargs: Any
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
+    ) -> tuple[torch.LongTensor, dict[str, Any]]:
         """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
         cache = model_kwargs.get(CACHE_KWARG)
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids,
-                                                                        **model_kwargs)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(  # type: ignore[misc]
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs)
         if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
             cache.batch_repeat_interleave(expand_size)
         return input_ids, model_kwargs
@@ -487,7 +492,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 
-    def save_pretrained(
+    def save_pretrained(  # type: ignore[override]  # the adapter only: its own options
         self,
         save_directory: str | os.PathLike,
         state_dict: dict | None = None,
@@ -529,7 +534,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             hub.push_adapter(self, repo_id, state_dict=state_dict, tokenizer=tokenizer, **push_kwargs)
 
     @classmethod
-    def from_pretrained(
+    def from_pretrained(  # type: ignore[override]  # a base model plus an adapter, not a checkpoint
         cls,
         base_model: nn.Module,
         pretrained_model_name_or_path: str | os.PathLike,
@@ -550,7 +555,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return adapter_io.load_adapter(cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable,
                                        inplace=inplace, **kwargs)
 
-    def push_to_hub(
+    def push_to_hub(  # type: ignore[override]  # the adapter only: its own options
         self,
         repo_id: str,
         *,
@@ -716,7 +721,7 @@ def check_wrappable(model: nn.Module) -> None:
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs "
                          "(AutoModelForCausalLM).")
-    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type or "")
     non_causal = {*MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()}
     if cls in non_causal and cls not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         hint = f" ({model_type}'s causal LM is {causal}, with is_decoder=True)" if causal else ""

@@ -71,7 +71,7 @@ class MemoryState:
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to one safetensors file (tensors plus JSON metadata)."""
         tensors = {f"tensors.{k}": v.detach().contiguous() for k, v in self.tensors.items()}
-        if self.pending_ids is not None:
+        if self.pending_ids is not None and self.pending_mask is not None:
             tensors["pending_ids"] = self.pending_ids.contiguous()
             tensors["pending_mask"] = self.pending_mask.contiguous()
         meta = {

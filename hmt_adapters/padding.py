@@ -8,6 +8,7 @@ afterwards. Padding may sit anywhere in a row (left, right, or between tokens); 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -95,7 +96,7 @@ def select_rows(state: MemoryState, index: torch.Tensor) -> MemoryState:
     """The state of rows `index` (state tensors are batch-first); pending tokens follow their rows."""
     out = MemoryState(state.method, {k: v[index] for k, v in state.tensors.items()}, state.segments_seen,
                       extras=dict(state.extras))
-    if state.pending_ids is not None:
+    if state.pending_ids is not None and state.pending_mask is not None:
         out.pending_ids, out.pending_mask = state.pending_ids[index], state.pending_mask[index]
     return out
 
@@ -146,7 +147,7 @@ def read_stream(runtime: SegmentRuntime, ids: torch.Tensor, counts: torch.Tensor
         second = runtime.run(shift_columns(ids, closed * length, width), mask, part, state, close_last=False)
         state, loss_sum, num_tokens = second.state, loss_sum + second.loss_sum, num_tokens + second.num_tokens
         logits.append(second.logits)
-    both = torch.cat(logits, dim=1)
+    both = torch.cat(cast("list[torch.Tensor]", logits), dim=1)  # every read above keeps its logits
     cols = torch.arange(ids.shape[1], device=ids.device)[None, :]
     index = torch.where(cols < (closed * length)[:, None], cols, widest + cols - (closed * length)[:, None])
     rows = torch.arange(ids.shape[0], device=ids.device)[:, None]

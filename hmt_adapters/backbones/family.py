@@ -26,7 +26,7 @@ INTERFACE_NAME = "ALL_ATTENTION_FUNCTIONS"  # modeling modules that route attent
 # ---- output path --------------------------------------------------------------------------------------------
 
 
-def scale_input_embeddings(body: nn.Module, embeds: torch.Tensor) -> torch.Tensor:
+def scale_input_embeddings(body: Any, embeds: torch.Tensor) -> torch.Tensor:
     """Embeddings as the body computes them from `input_ids` when it scales them only on that path.
 
     Falcon-H1 multiplies `embed_tokens(input_ids)` by `embedding_multiplier` but takes `inputs_embeds` as given
@@ -178,7 +178,7 @@ def own_rope(attn: nn.Module | None) -> RopeFunction | None:
     return None if torch.allclose(theirs, apply_rope(x, cos, sin)) else rope  # Llama's half split
 
 
-def linear_weights(layer: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def linear_weights(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """`(weight, bias)` a linear layer applies: a plain `nn.Linear`, or one peft wrapped with LoRA (its base weight
     plus the delta of every active, unmerged adapter, through peft's own `get_delta_weight`). None otherwise."""
     if isinstance(layer, nn.Linear):

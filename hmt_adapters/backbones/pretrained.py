@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import torch
 from transformers import (
@@ -49,7 +50,7 @@ def _convert_smollm2(target: str) -> None:
     """Dequantise the GGUF file into a float32 Llama checkpoint at `target` (written to a temp folder, then
     renamed)."""
     folder, name = _smollm2_gguf()
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    gguf_model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = LlamaForCausalLM(gguf_model.config)  # a GGUF-loaded model refuses `save_pretrained`; a plain one does not
     model.load_state_dict(gguf_model.state_dict())

@@ -68,13 +68,14 @@ class WindowCollator:
             if self.loss_segments is not None:
                 real = row_mask.nonzero()[:, 0]  # the model's segments count a row's real tokens only
                 batch_labels[n, real[: self._first_target(real.numel())]] = IGNORE_INDEX
-        batch = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
+        batch: dict[str, Any] = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
         if self.return_logits is not None:
             batch["return_logits"] = self.return_logits
         return batch
 
     def _first_target(self, length: int) -> int:
         """Index of the first label a row keeps: one past the start of its last `loss_segments` segments."""
+        assert self.loss_segments is not None and self.segment_length is not None  # checked in __post_init__
         segments = -(-length // self.segment_length)
         return max(0, segments - self.loss_segments) * self.segment_length + 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from datasets import Dataset, load_dataset
 
@@ -14,7 +14,7 @@ JSON_SUFFIXES = (".json", ".jsonl")
 
 def _local_files(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str] | None:
     """The files `source` names (a file, a folder of text files, or a list of files); None for a Hub dataset name."""
-    if isinstance(source, (list, tuple)):
+    if not isinstance(source, (str, os.PathLike)):  # a list of files
         paths = [os.fspath(p) for p in source]
     elif os.path.isdir(source):
         paths = sorted(os.path.join(source, f)
@@ -46,7 +46,7 @@ def load_documents(
     """
     paths = _local_files(source)
     if paths is None:
-        documents = load_dataset(os.fspath(source), split=split, **load_kwargs)
+        documents = load_dataset(os.fspath(cast("str | os.PathLike", source)), split=split, **load_kwargs)
     else:
         kinds = {p.endswith(JSON_SUFFIXES) for p in paths}
         if len(kinds) > 1:

@@ -54,6 +54,7 @@ def token_nll(model: MemoryModel, ids: torch.Tensor) -> torch.Tensor:
     for start in range(0, ids.numel(), length):
         chunk = ids[start : start + length].to(device)[None]
         out, state = model.step(chunk, state)
+        assert out.logits is not None
         logits = out.logits[0].float()
         if previous is not None:
             losses.append(F.cross_entropy(previous[None], chunk[0, :1]))

@@ -147,13 +147,13 @@ def train_stages(
         pad_token_id=pad_token_id, min_length=segment_length, loss_segments=loss_segments,
         segment_length=segment_length
     )
-    previous_dir = None
-    for index, stage in enumerate(stages):
-        if index > 0 and stage.config:
+    previous_dir: str | None = None
+    for stage in stages:
+        if previous_dir is not None and stage.config:
             model = MemoryModel.from_pretrained(model.backbone, previous_dir, is_trainable=True, inplace=True,
                                                 **stage.config)
         stage_dir = os.path.join(output_dir, stage.name)
-        windows = dict(
+        windows: dict[str, Any] = dict(
             segment_length=segment_length, n_segments=stage.n_segments, min_segments=stage.min_segments,
             stride=None if stride_segments is None else stride_segments * segment_length,
         )

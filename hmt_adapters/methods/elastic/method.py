@@ -41,6 +41,7 @@ class ElasticMemory(MemoryMethod):
     """HiPPO-compressed keys/values of past segments, read back as memory tokens in the chosen layer(s)."""
 
     config_class = ElasticMemoryConfig
+    config: ElasticMemoryConfig
     needs_attention = True
 
     def __init__(self, config: ElasticMemoryConfig, backbone):

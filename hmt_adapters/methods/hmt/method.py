@@ -22,6 +22,7 @@ class HMT(MemoryMethod):
     """Hierarchical Memory Transformer over any backbone that takes `inputs_embeds`."""
 
     config_class = HMTConfig
+    config: HMTConfig
 
     def __init__(self, config: HMTConfig, backbone):
         super().__init__(config, backbone)
@@ -79,12 +80,12 @@ class HMT(MemoryMethod):
     def _summaries(self, sources: list[tuple[torch.Tensor, torch.Tensor] | None]) -> list[torch.Tensor | None]:
         out: list[torch.Tensor | None] = [None] * len(sources)
         by_width: dict[int, list[int]] = {}
-        for n, src in enumerate(sources):
-            if src is not None and src[0].shape[1] > 0:
-                by_width.setdefault(src[0].shape[1], []).append(n)
+        present = {n: src for n, src in enumerate(sources) if src is not None and src[0].shape[1] > 0}
+        for n, src in present.items():
+            by_width.setdefault(src[0].shape[1], []).append(n)
         for group in by_width.values():
-            ids = torch.cat([sources[n][0] for n in group])  # [G*B, w]
-            mask = torch.cat([sources[n][1] for n in group])
+            ids = torch.cat([present[n][0] for n in group])  # [G*B, w]
+            mask = torch.cat([present[n][1] for n in group])
             prompt = self.summary_prompt.to(self.backbone.model.dtype).unsqueeze(0).expand(ids.shape[0], -1, -1)
             ones = mask.new_ones(ids.shape[0], 1)
             window = torch.cat([prompt, self.backbone.embed(ids), prompt], dim=1)  # [T ; tokens ; T]
@@ -109,7 +110,7 @@ class HMT(MemoryMethod):
                                else (None, None))
         ones = segment.mask.new_ones(prompt.shape[0], 1)
         prefix, prefix_mask = prompt, ones
-        if sens_ids is not None and sens_ids.shape[1]:
+        if sens_ids is not None and sens_mask is not None and sens_ids.shape[1]:
             prefix = torch.cat([prompt, self.backbone.embed(sens_ids).to(prompt.dtype)], dim=1)
             prefix_mask = torch.cat([ones, sens_mask.to(ones.dtype)], dim=1)
         return Layout(prefix=prefix, prefix_mask=prefix_mask, suffix=prompt, suffix_mask=ones)

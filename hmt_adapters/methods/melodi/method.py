@@ -67,7 +67,7 @@ def _branching_hook(layer: int, module: nn.Module, args: tuple, kwargs: dict, ou
     backbone each act on their own calls only; without a MELODI context the layer is untouched.
     """
     window = kwargs.get(MEMORY_KWARG)
-    if not isinstance(window, MelodiWindow):
+    if not isinstance(window, MelodiWindow) or window.owner is None:
         return None
     hidden = window.owner.branch(layer, output[0] if isinstance(output, tuple) else output, window)
     if hidden is None:
@@ -87,6 +87,7 @@ class Melodi(MemoryMethod):
     """MELODI: hierarchical short-term (recurrent, every chosen layer) and long-term (FIFO, one layer) compression."""
 
     config_class = MelodiConfig
+    config: MelodiConfig
     needs_attention = True
 
     def __init__(self, config: MelodiConfig, backbone):
@@ -145,6 +146,7 @@ class Melodi(MemoryMethod):
             keys, values = state[f"k.{m}"][:, :, start:], state[f"v.{m}"][:, :, start:]
             reads[m] = long_term_read(reads.get(m), keys, values, state["valid"][:, start:], self.gate)
         context = MelodiWindow(reads=reads, rotary=self.backbone.rotary, owner=self, token_mask=segment.mask)
+        assert segment.embeds is not None  # prepare runs on embedded segments
         summaries = self.summary_embeddings.unsqueeze(0).expand(batch, -1, -1).to(segment.embeds.dtype)
         ones = segment.mask.new_ones(batch, summaries.shape[1])
         return Layout(suffix=summaries, suffix_mask=ones, attention=context)
@@ -153,6 +155,7 @@ class Melodi(MemoryMethod):
         """Summary branching after decoder layer `layer` (MELODI §3.2, Fig. 2): keep `z = T_z Y` (and `T_m Y` at the
         long-term layer) for `update`, send `T_u Y` up in the summary slots. None leaves the layer's output as is."""
         mixers = self._mixers_of(layer)
+        assert window.token_mask is not None  # set by prepare
         if not mixers or window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
             return None  # no mixers here, or not a whole window `[tokens ; summaries]`
         mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
@@ -185,6 +188,7 @@ class Melodi(MemoryMethod):
             new["z_valid"] = torch.ones_like(state["z_valid"])
         m = self.long_term_layer
         if m is not None:
+            assert window.long_term is not None  # the hook of layer m filled it
             # K/V of the long-term tokens from layer M's own norm and projections, computed once at store time
             # (MELODI §3.3); stored pre-RoPE and read position-free
             keys, values = self.backbone.layer_kv(m, window.long_term)

@@ -182,7 +182,7 @@ class UniMemConfig(MemoryConfig):
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
-    __hash__ = None  # mutable dataclass
+    __hash__ = None  # type: ignore[assignment]  # mutable dataclass
 
     def validate(self) -> None:
         super().validate()
