@@ -30,7 +30,7 @@ demo: install
 LINT_PATHS := hmt_adapters tests benchmarks examples
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
-	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check --output-format concise $(LINT_PATHS)  # one line per file to reformat
 	$(VENV)/bin/mypy
 
 # Lint first, then the demo's smoke mode (same install and data paths at toy size, about a minute), so that pytest's
