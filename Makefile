@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false
 
-.PHONY: install demo test
+.PHONY: install demo test lint
 
 # Every package comes from constraints.txt, the lock of versions the full test suite passed with, so a new upstream
 # release cannot break these two commands; pyproject.toml keeps ranges for library users. The lock moves only through
@@ -25,8 +25,16 @@ install: $(VENV)/.installed
 demo: install
 	$(OFFLINE) $(PY) examples/demo.py
 
-# The demo's smoke mode first (same install and data paths at toy size, about a minute), so that pytest's summary
-# stays the last line; either failing fails the target.
-test: install
+# Lint and types (docs/development.md, "Lint and types"): ruff's rules, the formatter's check and mypy on the package,
+# all configured in pyproject.toml. Under a minute; any finding fails the target.
+LINT_PATHS := hmt_adapters tests benchmarks examples
+lint: install
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check --output-format concise $(LINT_PATHS)  # one line per file to reformat
+	$(VENV)/bin/mypy
+
+# Lint first, then the demo's smoke mode (same install and data paths at toy size, about a minute), so that pytest's
+# summary stays the last line; any of them failing fails the target.
+test: install lint
 	$(OFFLINE) $(PY) examples/demo.py --smoke
 	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider tests

@@ -1,5 +1,5 @@
 """Attention-level memory (Transformer-XL, TRAMS, Memorizing Transformer, UniMix): inference cost against the bare
-backbone on the same segments (DESIGN §7). Run: `.venv/bin/python benchmarks/attention_cost.py` (a few minutes).
+backbone on the same segments (docs/cost.md). Run: `.venv/bin/python benchmarks/attention_cost.py` (a few minutes).
 
 - bare: the same wrapped model read with memory disabled (each segment alone, the same runtime); every run, bare
   included, computes the loss on every token, so the LM head runs on every token of every run (docs/cost.md);
@@ -123,7 +123,8 @@ def keys_per_query(name: str, model: ha.MemoryModel) -> str:
         "all": f"{s.memory_size}+n",
         "trams": f"{s.select_size}+n (of {s.memory_size})",
         "topk": f"{s.topk}+n (scores over {s.memory_size})",
-        "union": f"{s.window}+{s.global_tokens}+{s.topk}+n (scores over {s.memory_size}), +{2 * s.memory_tokens} slots",
+        "union": f"{s.window}+{s.global_tokens}+{s.topk}+n (scores over {s.memory_size}), "
+                 f"+{2 * s.memory_tokens} slots",
     }[s.reading]
 
 
@@ -158,14 +159,17 @@ def measure() -> dict:
 def print_table(result: dict) -> None:
     s = SIZE
     print(
-        f"{s['layers']}-layer Llama D={s['dim']} ({s['heads']} query / {s['kv_heads']} KV heads), batch {s['batch']} x "
-        f"{s['segments']} segments of n={N}, fp32 CPU, {torch.get_num_threads()} thread(s), median of {s['rounds']} rounds"
+        f"{s['layers']}-layer Llama D={s['dim']} ({s['heads']} query / {s['kv_heads']} KV heads), batch {s['batch']} "
+        f"x {s['segments']} segments of n={N}, fp32 CPU, {torch.get_num_threads()} thread(s), median of "
+        f"{s['rounds']} rounds"
     )
-    head = f"{'run':24} {'keys per query (memory layers)':58} {'tok/s':>7} {'x bare':>7} {'FLOPs x':>8} {'attn x':>7} {'peak MB':>8} {'state MB':>9}"
+    head = (f"{'run':24} {'keys per query (memory layers)':58} {'tok/s':>7} {'x bare':>7} {'FLOPs x':>8} "
+            f"{'attn x':>7} {'peak MB':>8} {'state MB':>9}")
     print(head)
     for name, r in result["rows"].items():
         print(
-            f"{name:24} {r['keys_per_query']:58} {r['tokens_per_s']:>7,.0f} {r['speed_vs_bare']:>7.2f} {r['flops_vs_bare']:>8.2f} "
+            f"{name:24} {r['keys_per_query']:58} {r['tokens_per_s']:>7,.0f} {r['speed_vs_bare']:>7.2f} "
+            f"{r['flops_vs_bare']:>8.2f} "
             f"{r['attention_flops_vs_bare']:>7.2f} {r['peak_extra_mb']:>8.1f} {r['state_mb']:>9.2f}"
         )
     print(f"TRAMS attention FLOPs / Transformer-XL over the whole pool M: {result['trams_attention_vs_xl_pool']:.2f}")

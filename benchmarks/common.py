@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -137,11 +137,10 @@ def previous_runs(name: str, settings_of: Callable[[dict], dict], current: dict)
     return old["runs"]
 
 
-def train_bpe(texts: list[str], vocab_size: int) -> "PreTrainedTokenizerFast":
+def train_bpe(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """A byte-level BPE with `vocab_size` entries (one of them `<|endoftext|>`) trained on `texts`, for tiny models
     trained from scratch."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,4 +1,4 @@
-"""What memory costs at inference, for every method against the bare backbone (DESIGN §7, issues 3, 8, 9).
+"""What memory costs at inference, for every method against the bare backbone (docs/cost.md).
 
 1. throughput: tokens/s of each wrapped model over 16 segments of 512 tokens against the bare backbone on the same
    segments (memory disabled: each segment alone), next to the FLOP ratio the method must pay (counted by
@@ -22,12 +22,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hmt_adapters as ha  # noqa: E402
 from common import (  # noqa: E402
     RESULTS,
     counted_flops,
@@ -42,8 +43,6 @@ from common import (  # noqa: E402
     small_llama,
     write_result,
 )
-
-import hmt_adapters as ha  # noqa: E402
 
 SEGMENT = 512
 SEGMENTS = 16
@@ -149,7 +148,8 @@ def decode_speed(methods: list[str], backbone: str = "tiny", rounds: int = 3) ->
     vocab = bare.config.vocab_size
     runs = {"bare": decode_rate(bare, document(1, vocab))}
     prompt = document(8 * segment - segment // 2, vocab)
-    runs.update({m: decode_rate(ha.wrap_with_memory(build(), m, segment_length=segment).eval(), prompt) for m in methods})
+    runs.update({m: decode_rate(ha.wrap_with_memory(build(), m, segment_length=segment).eval(), prompt)
+                 for m in methods})
     speed = interleaved_medians(runs, rounds)
     return {name: {"decode_tokens_per_s": rate, "vs_bare": rate / speed["bare"]} for name, rate in speed.items()}
 
@@ -163,7 +163,8 @@ def print_tables(result: dict) -> None:
     print(f"Throughput: 4-layer Llama D=256, {SEGMENTS} segments of {SEGMENT} tokens, fp32 CPU")
     print(f"{'run':24} {'tok/s':>8} {'x bare':>7} {'FLOPs x':>8} {'attn FLOPs x':>13}")
     for name, r in result["throughput"].items():
-        print(f"{name:24} {r['tokens_per_s']:8,.0f} {r['speed_vs_bare']:7.2f} {r['flops_vs_bare']:8.2f} {r['attention_flops_vs_bare']:13.2f}")
+        print(f"{name:24} {r['tokens_per_s']:8,.0f} {r['speed_vs_bare']:7.2f} {r['flops_vs_bare']:8.2f} "
+              f"{r['attention_flops_vs_bare']:13.2f}")
     lengths = result["lengths"]
     for part, title in (("stream", "a step() stream"), ("generate", "generate() after a prompt")):
         print(f"\nPeak RSS of {title}, 2-layer model: added to the built model (MB) at each length; peak ratio")
@@ -173,7 +174,8 @@ def print_tables(result: dict) -> None:
             print(f"{m:24} {added}   {peak_ratio(row, lengths):9.3f}")
     for decode, model in (("decode", "4-layer Llama"), ("decode_smollm2", "SmolLM2-135M")):
         if decode in result:
-            print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one window")
+            print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one "
+                  "window")
             for m, r in result[decode].items():
                 print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
 

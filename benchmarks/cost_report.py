@@ -41,10 +41,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, counted_flops, in_fresh_process, interleaved, provenance  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from common import RESULTS, ROOT, counted_flops, in_fresh_process, interleaved, provenance  # noqa: E402
 
 DOC = ROOT / "docs" / "cost.md"
 PARTS = ("speed", "memory", "length", "decode")
@@ -148,14 +148,15 @@ def speed(methods: list[str], device: str, rounds: int) -> dict:
         ids = document(batch, segment * segments, MODELS[model]["vocab_size"], device)
         models = {m: wrapped(m, model, segment, device) for m in methods}
         first = models[methods[0]]
-        runs = {"bare": lambda: seconds(lambda: forward(first, ids, False), device)}
-        runs.update({m: (lambda m=m: seconds(lambda: forward(models[m], ids, True), device)) for m in methods})
+        # the timed lambdas all run inside this iteration (interleaved below), before `del models`
+        runs = {"bare": lambda: seconds(lambda: forward(first, ids, False), device)}  # noqa: B023
+        runs.update({m: (lambda m=m: seconds(lambda: forward(models[m], ids, True), device)) for m in methods})  # noqa: B023, F821
         rows = summary(interleaved(runs, rounds), ids.numel())
         del models
         flops = {}
         for name in ["bare", *methods]:
             eager = wrapped(methods[0] if name == "bare" else name, model, segment, device, attn="eager")
-            flops[name] = counted_flops(lambda: forward(eager, ids, name != "bare"))
+            flops[name] = counted_flops(lambda: forward(eager, ids, name != "bare"))  # noqa: B023 (called here)
         for name, row in rows.items():
             row["flops_vs_bare"] = flops[name]["total"] / flops["bare"]["total"]
             row["attention_flops_vs_bare"] = flops[name]["attention"] / flops["bare"]["attention"]
@@ -227,7 +228,7 @@ def length(methods: list[str], device: str, rounds: int, lengths: list[int]) -> 
     for n in range(max(lengths) // segment):
         ids = document(batch, segment, vocab, device, seed=n)
         for name in order if n % 2 == 0 else reversed(order):
-            times[name].append(seconds(lambda: step(name, ids), device))
+            times[name].append(seconds(lambda: step(name, ids), device))  # noqa: B023 (called here)
     window = 8
     rows = {}
     for name, ts in times.items():
@@ -283,7 +284,7 @@ def render(results: dict[str, dict]) -> str:
         setup = data.get("setup", {})
         lines += [f"## {device.upper()}: {setup.get('note', '')}", ""]
         if "speed" in data:
-            for key, run in data["speed"]["results"].items():
+            for run in data["speed"]["results"].values():
                 lines += [f"### Speed and FLOPs vs bare: {LABEL[run['model']]}, batch {run['batch']} x "
                           f"{run['segments']} segments of {run['segment']}", "",
                           _header(data["speed"], data["speed"]["command"]) + f", {run['rounds']} rounds", "",
@@ -295,7 +296,7 @@ def render(results: dict[str, dict]) -> str:
                                  f"{r['speed_x_flops']:.2f} |")
                 lines.append("")
         if "memory" in data:
-            for key, run in data["memory"]["results"].items():
+            for run in data["memory"]["results"].values():
                 lines += [f"### Peak memory: {LABEL[run['model']]}, batch {run['batch']} x {run['segments']} segments "
                           f"of {run['segment']}", "", _header(data["memory"], data["memory"]["command"]), "",
                           "| method | peak MB added by one forward | x bare | memory state MB |", "|---|---|---|---|"]

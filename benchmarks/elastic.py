@@ -24,7 +24,7 @@ import hmt_adapters as ha
 from hmt_adapters.methods.elastic import HiPPOLegS
 
 from common import RESULTS, write_result  # benchmarks/ is the script folder
-
+from hmt_adapters.hippo import HiPPOLegS
 
 # ---- Table 12 -------------------------------------------------------------------------------------------------
 
@@ -110,7 +110,8 @@ def throughput(reps: int, segment: int, segments: int, orders: tuple[int, ...]) 
     base = small_llama()
     base.requires_grad_(True)  # training mode: full backward through the backbone and the state (BPTT)
     ids = torch.randint(0, 8192, (1, segment * segments), generator=torch.Generator().manual_seed(0))
-    models = {N: ha.wrap_with_memory(base, "elastic", segment_length=segment, hippo_order=N, freeze_backbone=False).eval() for N in orders}
+    models = {N: ha.wrap_with_memory(base, "elastic", segment_length=segment, hippo_order=N,
+                                     freeze_backbone=False).eval() for N in orders}
     variants = {"bare": (orders[0], None)}  # name -> (N, sampling)
     for N in orders:
         variants[f"elastic_uni_N{N}"] = (N, "uniform")
@@ -160,7 +161,8 @@ def throughput(reps: int, segment: int, segments: int, orders: tuple[int, ...]) 
     torch.set_num_threads(threads)
     b = models[orders[0]].adapter
     results["flop_ratio"] = {
-        f"N{N}": 1 + extra_flops(models[N].memory_config, b.num_heads, b.num_kv_heads, b.head_dim) / backbone_flops(base, segment)
+        f"N{N}": 1
+        + extra_flops(models[N].memory_config, b.num_heads, b.num_kv_heads, b.head_dim) / backbone_flops(base, segment)
         for N in orders
     }
     results["bank_build_s"] = {f"N{N}": s for N, s in cold.items()}
@@ -182,14 +184,16 @@ def memory_bytes(order: int) -> dict:
     histories = [2048, 8192, 32768, 131072, 1 << 20]
     elastic = 2 * order * channels * 4
     rows = [
-        dict(history=T, elastic_fp32=elastic, memorizing_bf16=2 * T * channels * 2, memorizing_fp32=2 * T * channels * 4)
+        dict(history=T, elastic_fp32=elastic, memorizing_bf16=2 * T * channels * 2,
+             memorizing_fp32=2 * T * channels * 4)
         for T in histories
     ]
     base = small_llama()
     measured = {}
     for tokens in (512, 2048):
         ids = torch.randint(0, 8192, (1, tokens), generator=torch.Generator().manual_seed(1))
-        for method, kwargs in (("elastic", dict(hippo_order=order)), ("transformer_xl", dict(memory_size=tokens, memory_layers=[3]))):
+        for method, kwargs in (("elastic", dict(hippo_order=order)),
+                               ("transformer_xl", dict(memory_size=tokens, memory_layers=[3]))):
             model = ha.wrap_with_memory(base, method, segment_length=512, **kwargs).eval()
             with torch.no_grad():
                 _, state = model.step(ids)
@@ -210,23 +214,28 @@ def human(n: float) -> str:
 
 def print_report(t12: list[dict], speed: dict, mem: dict) -> None:
     print("\nTable 12: HiPPO-LegS reconstruction MSE (ours: mean over draws; sine frequencies are ours)")
-    print(f"{'signal':<13} {'N':>4} {'T':>5} {'disc.':<9} {'paper':>9} {'ours (midpoints)':>17} {'ours (token starts)':>20}")
+    print(f"{'signal':<13} {'N':>4} {'T':>5} {'disc.':<9} {'paper':>9} {'ours (midpoints)':>17} "
+          f"{'ours (token starts)':>20}")
     for r in t12:
-        print(f"{r['signal']:<13} {r['N']:>4} {r['T']:>5} {r['discretization']:<9} {r['paper']:>9.2g} {r['midpoints']:>17.2e} {r['token_starts']:>20.2e}")
+        print(f"{r['signal']:<13} {r['N']:>4} {r['T']:>5} {r['discretization']:<9} {r['paper']:>9.2g} "
+              f"{r['midpoints']:>17.2e} {r['token_starts']:>20.2e}")
     s = speed["setup"]
     print(f"\nThroughput ({s['model']}; {s['segments']} segments of {s['segment_length']}, L_mem = N, memory layer "
-          f"{s['memory_layer']}; 1 thread, {s['repetitions']} interleaved runs: tok/s from the best wall time, ratio = "
-          "median CPU-time ratio to bare)")
+          f"{s['memory_layer']}; 1 thread, {s['repetitions']} interleaved runs: tok/s from the best wall time, ratio "
+          "= median CPU-time ratio to bare)")
     print(f"{'variant':<16} {'infer tok/s':>12} {'ratio':>7} {'train tok/s':>12} {'ratio':>7} {'FLOP ratio':>11}")
     for name in speed["inference"]:
         i, t = speed["inference"][name], speed["training"][name]
         flops = 1.0 if name == "bare" else speed["flop_ratio"][name.rsplit("_", 1)[1]]
-        print(f"{name:<16} {i['tokens_per_s']:>12.0f} {i['ratio_to_bare']:>7.3f} {t['tokens_per_s']:>12.0f} {t['ratio_to_bare']:>7.3f} {flops:>11.3f}")
-    print("one-time bank build (cold first pass, seconds):", ", ".join(f"{k}: {v:.2f}" for k, v in speed["bank_build_s"].items()))
+        print(f"{name:<16} {i['tokens_per_s']:>12.0f} {i['ratio_to_bare']:>7.3f} {t['tokens_per_s']:>12.0f} "
+              f"{t['ratio_to_bare']:>7.3f} {flops:>11.3f}")
+    print("one-time bank build (cold first pass, seconds):",
+          ", ".join(f"{k}: {v:.2f}" for k, v in speed["bank_build_s"].items()))
     print(f"\nMemory per memory layer ({mem['channels']} K/V channels, N={mem['hippo_order']})")
     print(f"{'history':>9} {'elastic fp32':>13} {'MemTrans bf16':>14} {'MemTrans fp32':>14} {'ratio (bf16)':>13}")
     for r in mem["rows"]:
-        print(f"{r['history']:>9} {human(r['elastic_fp32']):>13} {human(r['memorizing_bf16']):>14} {human(r['memorizing_fp32']):>14} {r['memorizing_bf16'] / r['elastic_fp32']:>13.1f}")
+        print(f"{r['history']:>9} {human(r['elastic_fp32']):>13} {human(r['memorizing_bf16']):>14} "
+              f"{human(r['memorizing_fp32']):>14} {r['memorizing_bf16'] / r['elastic_fp32']:>13.1f}")
     print("measured state bytes, small Llama (1 memory layer, 4 x 64 channels):",
           ", ".join(f"{k}: {human(v)}" for k, v in mem["measured_small_llama"].items()))
 
@@ -250,7 +259,8 @@ def plot(t12: list[dict], mem: dict, path: str) -> None:
     a.set_title("HiPPO-LegS reconstruction (Table 12)")
     a.legend(fontsize=7)
     hist = [r["history"] for r in mem["rows"]]
-    b.loglog(hist, [r["elastic_fp32"] for r in mem["rows"]], "o-", label=f"Elastic state, N={mem['hippo_order']} (fp32)")
+    b.loglog(hist, [r["elastic_fp32"] for r in mem["rows"]], "o-",
+             label=f"Elastic state, N={mem['hippo_order']} (fp32)")
     b.loglog(hist, [r["memorizing_bf16"] for r in mem["rows"]], "s-", label="Memorizing-Transformer FIFO (bf16)")
     b.set_xlabel("history (tokens)")
     b.set_ylabel("bytes per memory layer")
@@ -272,14 +282,16 @@ def main() -> None:
     out = dict(
         table12=t12, throughput=speed, memory=mem,
         notes=dict(
-            table12="Sines: full periods over the sequence (1 sine: 3; 3 sines: 1,3,5; 5 sines: 1..5), random amplitude "
-            "in [0.5,1.5) and phase; noise: unit white noise. 'midpoints' reads the state at x = p + 1/2 (where ZOH is "
-            "exact for piecewise-constant input), 'token_starts' at x = p. The paper states neither convention.",
-            throughput="ratio_to_bare = median over interleaved repetitions of bare CPU time / elastic CPU time on the "
-            "same segments (one thread; process CPU time is not inflated by other processes on shared cores); "
-            "wall_ratio_to_bare = best bare wall time / best elastic wall time; tokens_per_s from the best wall time. The bare backbone runs "
-            "each segment alone (the same window). Shared CPU cores: noisy. FLOP ratio counts the memory layer's extra "
-            "attention over L_mem keys, the readout R C and the update P C + K F against 2 x params x tokens + attention.",
+            table12="Sines: full periods over the sequence (1 sine: 3; 3 sines: 1,3,5; 5 sines: 1..5), random "
+            "amplitude in [0.5,1.5) and phase; noise: unit white noise. 'midpoints' reads the state at x = p + 1/2 "
+            "(where ZOH is exact for piecewise-constant input), 'token_starts' at x = p. The paper states neither "
+            "convention.",
+            throughput="ratio_to_bare = median over interleaved repetitions of bare CPU time / elastic CPU time on "
+            "the same segments (one thread; process CPU time is not inflated by other processes on shared cores); "
+            "wall_ratio_to_bare = best bare wall time / best elastic wall time; tokens_per_s from the best wall time. "
+            "The bare backbone runs each segment alone (the same window). Shared CPU cores: noisy. FLOP ratio "
+            "counts the memory layer's extra attention over L_mem keys, the readout R C and the update P C + K F "
+            "against 2 x params x tokens + attention.",
         ),
         machine=dict(platform=platform.platform(), torch=torch.__version__, threads=torch.get_num_threads()),
     )

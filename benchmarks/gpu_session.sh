@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU session of issue 27 (one lent H100, 30 minutes of device time in all): exactly what ran, step by step.
+# The GPU session behind docs/gpu_results.md (one lent H100, 30 minutes of device time in all): exactly what ran, step by step.
 # Each step was one command on the device machine, in this order, on a copy of the working tree (no .git there:
 # the commit comes in as HMT_ADAPTERS_COMMIT; no network: missing packages travel as wheels in the git-ignored
 # .cache/gpu1 and .cache/gpu2, one folder per call because of the 64 MiB limit on what a call carries).
@@ -9,7 +9,7 @@
 #   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh eval   # long-context passkey 4k-128k; the RMT perplexity row
 #   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh more   # what the time left allows (see the step)
 #   then, on a second machine: setup-lite (carry .cache/gpu1), retry (carry .cache/gpu2): full fine-tuning runs
-# Ran in issue 27's session: setup, train, eval, then setup-lite, retry (`more` not run); results: docs/gpu_results.md.
+# Ran in that session: setup, train, eval, then setup-lite, retry (`more` not run); results: docs/gpu_results.md.
 #
 # The trainings and evaluations of a step run as parallel processes on the one GPU (each is launch-bound at batch 1
 # or small batches; 16 CPU cores), each with a wall-time budget so the step ends inside the 10-minute command limit.

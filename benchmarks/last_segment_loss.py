@@ -10,8 +10,9 @@ a fresh process:
 - `last-segment, previous code`: the same labels on the package as of `--previous` (default 2355dae, before the skip),
   exported with `git archive` into a temp folder that the worker puts first on `sys.path`.
 
-    nice -n 10 .venv/bin/python benchmarks/last_segment_loss.py --hidden 128 --layers 2 --heads 4 --segment-length 128 \
-        --batch-size 1 --threads 1                                     # CPU, fp32, depth 16: ~3 minutes on 2 busy cores
+    # CPU, fp32, depth 16: ~3 minutes on 2 busy cores
+    nice -n 10 .venv/bin/python benchmarks/last_segment_loss.py --hidden 128 --layers 2 --heads 4 \
+        --segment-length 128 --batch-size 1 --threads 1
     python benchmarks/last_segment_loss.py --device cuda --dtype bf16 --hidden 576 --layers 30 --heads 9 --kv-heads 3 \
         --vocab 49152                                                    # SmolLM2-135M's shape
 
@@ -35,7 +36,8 @@ from common import ROOT, in_fresh_process, write_result  # benchmarks/ is the sc
 from training_memory import MB, SWITCHES, PeakRSS, add_model_args, answered_as_worker, build_model, fastest_step
 
 VARIANTS = ("every-token", "last-segment", "last-segment, previous code")
-MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size", "depth", "threads",
+MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size",
+              "depth", "threads",
               "repeats", "switch")
 
 
@@ -57,7 +59,8 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model = build_model(args, args.switch)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length), generator=gen).to(args.device)
+    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length),
+                        generator=gen).to(args.device)
     labels = labels_for(args.variant, ids, args.segment_length)
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
@@ -89,7 +92,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 def export_previous(commit: str, folder: str) -> None:
     """The `hmt_adapters` package as of `commit`, written into `folder`."""
-    archive = subprocess.run(["git", "archive", commit, "hmt_adapters"], cwd=ROOT, capture_output=True, check=True).stdout
+    archive = subprocess.run(["git", "archive", commit, "hmt_adapters"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
 
 
@@ -102,7 +106,8 @@ def run_worker(args: argparse.Namespace, variant: str, code: str) -> dict:
 
 def table(results: list[dict], key: str) -> str:
     base = next(r for r in results if r["variant"] == "last-segment, previous code")
-    lines = [f"{'variant':<30}{'step s':>9}{'tokens/s':>10}{'memory MB':>11}{'speed vs previous':>19}{'memory vs previous':>20}"]
+    lines = [f"{'variant':<30}{'step s':>9}{'tokens/s':>10}{'memory MB':>11}{'speed vs previous':>19}"
+             f"{'memory vs previous':>20}"]
     for r in results:
         lines.append(
             f"{r['variant']:<30}{r['step_s']:>9.2f}{r['tokens_per_s']:>10.0f}{r[key]:>11.0f}"

@@ -1,4 +1,4 @@
-"""Long-context suite (issue 16): passkey, RULER needles and variable tracking, BABILong-style qa1-qa3 and book
+"""Long-context suite: passkey, RULER needles and variable tracking, BABILong-style qa1-qa3 and book
 perplexity against length, for each saved memory adapter and the bare backbone's baselines.
 
 Readers (every table has all of them):
@@ -33,12 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import provenance, pyplot, write_result  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import provenance, pyplot, write_result  # noqa: E402
+from hmt_adapters.backbones.pretrained import load_backbone  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, accuracy_table, answer_rows, book_perplexity, make_samples  # noqa: E402
-from hmt_adapters.backbones.pretrained import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.zero_shot import SEGMENT_LENGTH, memory_policies, zero_shot_readers  # noqa: E402
 
 DEFAULT_ADAPTERS = ["hmt=examples/adapters/smollm2-hmt"]
@@ -61,7 +60,8 @@ def readers(args: argparse.Namespace) -> tuple[list[Reader], dict]:
     base, tokenizer = load_backbone(args.model)
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
-    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()}
+    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval()
+              for name, path in adapters.items()}
     context = args.context or base.config.max_position_embeddings
     first = next(iter(models.values()), None)
     window = args.window or (first.memory_config.segment_length + getattr(first.memory_config, "sensory_length", 0)
@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "longest prompt), for all methods or per method as method=policy")
     p.add_argument("--tasks", nargs="+", default=["passkey", "niah_single"], choices=sorted(TASKS))
     p.add_argument("--lengths", nargs="+", type=parse_length, default=[4096, 8192, 16384])
-    p.add_argument("--samples", type=int, default=3, help="samples per (task, length); single needles spread 0..1 deep")
+    p.add_argument("--samples", type=int, default=3,
+                   help="samples per (task, length); single needles spread 0..1 deep")
     p.add_argument("--haystack", default=None, choices=["essays", "kjv", "repeat"],
                    help="haystack for every task (default: essays for needles, kjv for qa)")
     p.add_argument("--context", type=int, default=None, help="backbone_truncated's context (default: its config's)")
@@ -132,7 +133,8 @@ def main() -> None:
     all_readers, info = readers(args)
     tokenizer = info.pop("tokenizer")
     started = provenance()["git_commit"]  # the code that runs (files written later record the commit at writing)
-    result = {"command": " ".join(sys.argv), "started_at_commit": started, **info, "tasks": args.tasks, "lengths": args.lengths,
+    result = {"command": " ".join(sys.argv), "started_at_commit": started, **info, "tasks": args.tasks,
+              "lengths": args.lengths,
               "samples": args.samples, "readers": [r.name for r in all_readers], "rows": [], "table": {}, "book": {}}
     exported = {}
     for task in args.tasks:
@@ -142,13 +144,15 @@ def main() -> None:
             exported[f"{task}_{length}"] = samples
             result["rows"] += answer_rows(all_readers, samples, tokenizer)
             result["table"] = accuracy_table(result["rows"])
-            scores = {r: v[str(length)]["accuracy"] for r, v in result["table"].get(task, {}).items() if str(length) in v}
+            scores = {r: v[str(length)]["accuracy"]
+                      for r, v in result["table"].get(task, {}).items() if str(length) in v}
             print(f"{task:18} {length:>8}  " + "  ".join(f"{r} {a:.2f}" for r, a in scores.items())
                   + f"  ({time.perf_counter() - start:.0f} s)", flush=True)
             path = write_result(args.name, result)
             plot(result, path.with_suffix(".png"))
     if args.book_lengths:
-        docs = tokenize_documents(load_corpus("kjv", 7)["test"], tokenizer)  # the split examples/train_hmt.py holds out
+        docs = tokenize_documents(load_corpus("kjv", 7)["test"],
+                                  tokenizer)  # the split examples/train_hmt.py holds out
         title, ids = max(zip(docs["title"], docs["input_ids"]), key=lambda d: len(d[1]))
         ids = torch.tensor(ids[: max(args.book_lengths)])
         result["book"] = {"document": title, "tokens": ids.numel(), "ppl": {}}
@@ -195,7 +199,8 @@ def readme_section(data: dict, name: str = "longcontext") -> str:
         lengths = list(next(iter(book["ppl"].values())))
         lines += [f"**Book perplexity**, held-out KJV *{book['document']}*, tokens in (C/2, C]:", "",
                   "| reader | " + " | ".join(lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-        lines += [f"| `{r}` | " + " | ".join(f"{v[c]['bin']:.2f}" for c in lengths) + " |" for r, v in book["ppl"].items()]
+        lines += [f"| `{r}` | " + " | ".join(f"{v[c]['bin']:.2f}"
+                                             for c in lengths) + " |" for r, v in book["ppl"].items()]
         lines.append("")
     zero_shot = data.get("zero_shot", {}).get("readers", {})
     if zero_shot:

@@ -1,5 +1,5 @@
 """Collect `examples/train_longcontext.py` runs (tiny Llama trained from scratch per method, curriculum to 16
-segments, passkey tested up to 1M tokens) into one results file, a plot and the README's table (issue 16).
+segments, passkey tested up to 1M tokens) into one results file, a plot and the README's table.
 
     python examples/train_longcontext.py --threads 1 --output runs/lc-tiny-rmt
     python examples/train_longcontext.py --threads 1 --method hmt --output runs/lc-tiny-hmt

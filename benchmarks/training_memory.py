@@ -142,7 +142,8 @@ def build_model(args: argparse.Namespace, switch: str):
     import hmt_adapters as ha
 
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3, num_hidden_layers=args.layers,
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers,
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
         max_position_embeddings=2 * args.segment_length,
     )
@@ -174,7 +175,8 @@ def measure(args: argparse.Namespace) -> dict:
     if args.device == "cpu":
         SegmentRuntime._offload = metered_offload(meter)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length), generator=gen).to(args.device)
+    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length),
+                        generator=gen).to(args.device)
     train_step(model, ids[:, : args.segment_length], args)
     model.zero_grad(set_to_none=True)
     result = {"switch": args.switch, "depth": args.depth}
@@ -215,7 +217,8 @@ def fastest_step(args: argparse.Namespace, model: torch.nn.Module, step: Callabl
 
 # ---- orchestration ----------------------------------------------------------------------------------------------
 
-MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size", "threads", "repeats")
+MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size",
+              "threads", "repeats")
 
 
 def run_worker(args: argparse.Namespace, switch: str, depth: int) -> dict:
@@ -230,7 +233,8 @@ def memory_key(device: str) -> str:
 
 
 def summarise(results: list[dict], key: str, depths: list[int], switches: list[str]) -> dict:
-    """Per switch: memory at the deepest over the shallowest depth, and mean step time over no switch (when measured)."""
+    """Per switch: memory at the deepest over the shallowest depth, and mean step time over no switch (when
+    measured)."""
     by = {(r["switch"], r["depth"]): r for r in results}
     summary = {}
     for switch in switches:
@@ -247,11 +251,14 @@ def summarise(results: list[dict], key: str, depths: list[int], switches: list[s
 
 def table(results: list[dict], key: str, depths: list[int], summary: dict, switches: list[str]) -> str:
     by = {(r["switch"], r["depth"]): r for r in results}
-    head = f"{'switch':<14}" + "".join(f"{f'depth {d}':>22}" for d in depths) + f"{f'{depths[-1]}/{depths[0]}':>9}{'time x':>8}"
-    lines = [f"peak memory growth in MB ({key}); in brackets: saved activations on the device / moved to host, MB", head]
+    head = f"{'switch':<14}" + "".join(f"{f'depth {d}':>22}"
+                                       for d in depths) + f"{f'{depths[-1]}/{depths[0]}':>9}{'time x':>8}"
+    lines = [f"peak memory growth in MB ({key}); in brackets: saved activations on the device / moved to host, MB",
+             head]
     for switch in switches:
         cells = "".join(
-            f"{by[(switch, d)][key]:>9.0f} ({by[(switch, d)]['saved_device_mb']:.0f}/{by[(switch, d)]['saved_host_mb']:.0f})".rjust(22)
+            f"{by[(switch, d)][key]:>9.0f} "
+            f"({by[(switch, d)]['saved_device_mb']:.0f}/{by[(switch, d)]['saved_host_mb']:.0f})".rjust(22)
             for d in depths
         )
         s = summary[switch]
@@ -292,7 +299,8 @@ def answered_as_worker(args: argparse.Namespace, measure: Callable[[argparse.Nam
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """The model, device and timing options every training-step benchmark takes (`MODEL_ARGS` passes them to workers)."""
+    """The model, device and timing options every training-step benchmark takes (`MODEL_ARGS` passes them to
+    workers)."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast over fp32 weights")
     parser.add_argument("--hidden", type=int, default=256)
@@ -334,11 +342,14 @@ def main() -> None:
     goal = summary["both"]["memory_ratio"] <= GOAL_RATIO if "both" in summary else None
     print(table(results, key, depths, summary, switches))
     if goal is not None:
-        print(f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): {'met' if goal else 'NOT met'}")
-    name = "training_memory" + ("" if args.device == "cpu" else "_cuda") + ("" if args.dtype == "fp32" else f"_{args.dtype}")
+        print(f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): "
+              f"{'met' if goal else 'NOT met'}")
+    name = "training_memory" + ("" if args.device == "cpu" else "_cuda") + (
+        "" if args.dtype == "fp32" else f"_{args.dtype}")
     payload = {
         "benchmark": "peak training memory against BPTT depth",
-        "model": {k: getattr(args, k) for k in MODEL_ARGS if k not in ("threads", "repeats")} | {"method": "hmt", "sensory_length": 32, "memory_window": 16},
+        "model": {k: getattr(args, k) for k in MODEL_ARGS if k not in ("threads", "repeats")}
+        | {"method": "hmt", "sensory_length": 32, "memory_window": 16},
         "memory_metric": key,
         "results": results,
         "summary": summary,

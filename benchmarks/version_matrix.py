@@ -91,7 +91,7 @@ def transformers_releases(floor: str) -> list[str]:
     """The floor, the newest patch of every minor pip serves above it, and the newest release (no pre-releases)."""
     done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformers"],
                           capture_output=True, text=True)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("Available versions:")), "")
+    line = next((x for x in done.stdout.splitlines() if x.startswith("Available versions:")), "")
     served = [Version(v.strip()) for v in line.split(":", 1)[-1].split(",") if v.strip()]
     served = [v for v in served if not v.is_prerelease and v >= Version(floor)]
     if not served:
@@ -156,9 +156,10 @@ class Venv:
         tests = ["tests"] if full else SMOKE_TESTS
         selection = [] if full else ["-m", "not slow"]
         done = self.run([str(self.path / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", *selection, *tests])
-        demo = self.run([self.python, "examples/demo.py", "--smoke"], {**self.env, "DEMO_OUTPUT": str(self.work / "demo")})
+        demo = self.run([self.python, "examples/demo.py", "--smoke"],
+                        {**self.env, "DEMO_OUTPUT": str(self.work / "demo")})
         lines = done.stdout.strip().splitlines()
-        failing = [l.split(" ", 1)[1].split(" - ")[0] for l in lines if l.startswith(("FAILED ", "ERROR "))]
+        failing = [x.split(" ", 1)[1].split(" - ")[0] for x in lines if x.startswith(("FAILED ", "ERROR "))]
         result = {
             "tests": "full suite" if full else "smoke subset",
             "pytest_returncode": done.returncode,
@@ -230,11 +231,14 @@ def save_rows(rows: list[dict]) -> dict:
 
 
 def provenance() -> dict:
-    """The commit and machine a row ran on (benchmarks/common.py's record needs torch, which this script runs without)."""
+    """The commit and machine a row ran on (benchmarks/common.py's record needs torch, which this script runs
+    without)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                 ":(exclude)benchmarks/results"], capture_output=True, text=True, cwd=ROOT).stdout.strip())
-    return {"git_commit": commit + ("+changes" if dirty else ""), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                                 ":(exclude)benchmarks/results"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip())
+    return {"git_commit": commit + ("+changes" if dirty else ""),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -283,10 +287,12 @@ LOCK_HEADER = """\
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="*", help="'floor' and/or transformers versions (default: floor + every minor)")
+    parser.add_argument("--rows", nargs="*",
+                        help="'floor' and/or transformers versions (default: floor + every minor)")
     parser.add_argument("--full", action="store_true", help="the whole test suite instead of the smoke subset")
     parser.add_argument("--keep", action="store_true", help="keep the venvs afterwards")
-    parser.add_argument("--refresh-lock", action="store_true", help="test the newest releases; on success rewrite the lock")
+    parser.add_argument("--refresh-lock", action="store_true",
+                        help="test the newest releases; on success rewrite the lock")
     args = parser.parse_args()
     if args.refresh_lock:
         sys.exit(refresh_lock(args.keep))

@@ -5,7 +5,7 @@ Part 2: a tiny model trained from scratch on long-range recall, with and without
 Part 3: SmolLM2-135M with the shipped HMT adapter on a held-out novel, against the same window without memory.
 
     python examples/demo.py            # the full demo, about 15 minutes on 2 CPU cores
-    python examples/demo.py --smoke    # every step and data path of it at toy size (about a minute): `make test` runs it
+    python examples/demo.py --smoke    # every step and data path at toy size (about a minute): `make test` runs it
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ SMOKE = {"recall_steps": 50, "novel_tokens": 512, "needle_tokens": 1024,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="toy sizes: checks the install and data paths, no results")
+    parser.add_argument("--smoke", action="store_true",
+                        help="toy sizes: checks the install and data paths, no results")
     args = parser.parse_args()
     size = SMOKE if args.smoke else FULL
     torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -56,7 +56,8 @@ def main() -> None:
         memory_ppl, window_ppl = math.exp(nll / tokens), math.exp(base_nll / tokens)
         rows.append({"context": length, "chunks": len(windows), "tokens": tokens, "memory_ppl": memory_ppl,
                      "sliding_window_ppl": window_ppl})
-        print(f"{length:>8} {len(windows):>6} {memory_ppl:>11.2f} {window_ppl:>16.2f} {1 - memory_ppl / window_ppl:>7.1%}")
+        print(f"{length:>8} {len(windows):>6} {memory_ppl:>11.2f} {window_ppl:>16.2f} "
+              f"{1 - memory_ppl / window_ppl:>7.1%}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:

@@ -89,7 +89,8 @@ def report(result: dict) -> str:
     names = list(result["ppl"])
     lengths = list(next(iter(result["ppl"].values())))
     lines = [
-        f"SmolLM2-135M on the held-out novel {result['document']} ({result['tokens']} tokens), perplexity of the tokens in (C/2, C]:",
+        f"SmolLM2-135M on the held-out novel {result['document']} ({result['tokens']} tokens), perplexity of the "
+        "tokens in (C/2, C]:",
         f"{'C':>6} | " + " | ".join(f"{n:>26}" for n in names),
     ]
     for c in lengths:

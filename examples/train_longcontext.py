@@ -1,5 +1,5 @@
 """Fine-tune a memory adapter on procedurally generated passkey / needle data with a curriculum over length, then
-report accuracy at lengths never trained on (issue 16).
+report accuracy at lengths never trained on.
 
 Each training sample is a suite task (`hmt_adapters.evaluation.tasks`, e.g. `passkey` or `niah_single`) of
 `n_segments * segment_length` tokens with the answer appended; only the answer tokens carry a loss. The curriculum
@@ -61,8 +61,10 @@ def tiny_backbone(haystack: str, seed: int, layers: int = 2,
                   width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A `layers`-layer Llama of width `width` from scratch and a byte-level BPE (vocabulary 512) trained on the
     haystack and the task templates (short prompts, so that short curriculum levels fit)."""
-    templates = [tasks.PASSKEY_HEAD, tasks.RULER_NIAH_HEAD, tasks.RULER_NEEDLE, "What is the pass key? The pass key is",
-                 "The special magic number for mentioned in the provided text is", " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
+    templates = [tasks.PASSKEY_HEAD, tasks.RULER_NIAH_HEAD, tasks.RULER_NEEDLE,
+                 "What is the pass key? The pass key is",
+                 "The special magic number for mentioned in the provided text is",
+                 " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
     tokenizer = train_bpe([haystack_text(haystack)[:200_000]] + templates * 50, 512)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -331,8 +333,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "samples": len(depths), "answer_token_accuracy": float(hits.float().mean()),
             "trained": n <= stages[stage][0], "seconds": time.time() - begin,
             "answer_nll": float(nll.mean()),
-            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(l)}
-                           for d, p, e, l in zip(depths, positions, exact.tolist(), nll.tolist())],
+            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(n)}
+                           for d, p, e, n in zip(depths, positions, exact.tolist(), nll.tolist())],
         }
         save()
         print(f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"

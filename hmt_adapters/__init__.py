@@ -1,6 +1,7 @@
 """hmt-adapters: long-context memory (HMT, RMT, TRAMS, Elastic Memory, MELODI, UniMem) for any HF causal LM."""
 
 from . import compat, methods  # noqa: F401  (methods: registers every method)
+from .auto import AutoMemoryModelForCausalLM
 from .config import MemoryConfig
 from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig

@@ -38,7 +38,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 RopeFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None
+) -> torch.Tensor:
     """RoPE of `x` `[..., D]` by `cos, sin` broadcastable to `[..., Dr]`; `Dr < D` rotates the first `Dr` dims only
     (partial rotary: Phi, StableLM, GPT-NeoX), as the families themselves do. `family_rope` is the family's own
     function where it rotates differently from Llama's half split (interleaved pairs: Cohere, GLM, GPT-J;
@@ -51,12 +53,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rop
     return x * cos + rotate_half(x) * sin
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None
+) -> torch.Tensor:
     """RoPE rotation of `x` `[B, H, T, D]` by `cos, sin` `[B, T, Dr]` (the backbone's own convention)."""
     return apply_rope(x, cos[:, None], sin[:, None], family_rope)
 
 
-def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None) -> torch.Tensor:
+def unrotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope: RopeFunction | None = None
+) -> torch.Tensor:
     """Exact inverse of `rotate`: the pre-RoPE tensor (also for RoPE scaled by an attention factor, as YaRN's).
 
     Every RoPE here is `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries and `pair` a quarter turn of
@@ -69,7 +75,9 @@ def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, family_rope:
 # ---- masks ----------------------------------------------------------------------------------------------------
 
 
-def local_visibility(attention_mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+def local_visibility(
+    attention_mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device
+) -> torch.Tensor:
     """The layer's own mask as bool `[B|1, 1, q, k]` (True = visible); None means causal, aligned bottom-right."""
     if attention_mask is None:
         q = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
@@ -82,14 +90,15 @@ def local_visibility(attention_mask: torch.Tensor | None, q_len: int, k_len: int
 def delegate_mask(visible: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
     """A bool visibility mask in the format the delegate implementation expects."""
     if impl == "eager":
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible,
+                                                                                          torch.finfo(dtype).min)
     return visible
 
 
 # ---- registration ---------------------------------------------------------------------------------------------
 
 
-def delegate_of(module: nn.Module) -> str:
+def delegate_of(module: Any) -> str:
     """The implementation the memory function wraps for `module` (`sdpa`, `eager`, ...)."""
     impl = module.config._attn_implementation
     return impl[len(PREFIX) :] if impl.startswith(PREFIX) else impl
@@ -101,7 +110,7 @@ def delegate_function(module: nn.Module, impl: str) -> Callable:
     return ALL_ATTENTION_FUNCTIONS[impl]
 
 
-def use_memory_attention(causal_lm: nn.Module) -> str:
+def use_memory_attention(causal_lm: Any) -> str:
     """Switch `causal_lm` to the memory attention wrapping its current implementation; returns the new name."""
     current = causal_lm.config._attn_implementation or "eager"
     if current.startswith(PREFIX):
@@ -149,7 +158,7 @@ def _rope_type(module: nn.Module, layer: int) -> tuple[str | None, bool]:
 class AttentionCall:
     """Everything one layer's attention call received, with helpers to run it with extra memory K/V."""
 
-    module: nn.Module
+    module: Any  # the family's attention module (its `layer_idx`, `config`, ... vary by family)
     query: torch.Tensor  # [B, Hq, q, D] (post-RoPE)
     key: torch.Tensor  # [B, Hkv, k, D] (post-RoPE, cache included)
     value: torch.Tensor  # [B, Hkv, k, D]
@@ -164,7 +173,8 @@ class AttentionCall:
     def layer(self) -> int:
         return self.module.layer_idx
 
-    def run(self, key: torch.Tensor | None = None, value: torch.Tensor | None = None, visible: torch.Tensor | None = None):
+    def run(self, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
+            visible: torch.Tensor | None = None):
         """The delegate on (possibly extended) K/V; `visible` is a bool mask over all keys."""
         mask = self.attention_mask if visible is None else delegate_mask(visible, self.impl, self.query.dtype)
         impl_fn = self.delegate
@@ -208,7 +218,7 @@ class AttentionContext:
     the tokens of this call, `[B, Hkv, q, D]` each, for layers in `record_layers`.
     """
 
-    reads: dict[int, Callable[["AttentionCall", "AttentionContext"], Any]] = field(default_factory=dict)
+    reads: dict[int, Callable[[AttentionCall, AttentionContext], Any]] = field(default_factory=dict)
     record_layers: frozenset[int] = frozenset()
     rotary: Rotary | None = None  # (position_ids, like, layer) -> (cos, sin); None for families without RoPE
     records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -227,17 +237,18 @@ class AttentionContext:
             return None
         return self.rotary(position_ids, like, self.layer)
 
-    def call_rope(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def call_rope(self, call: AttentionCall) -> tuple[Any, ...] | None:
         """`(cos, sin)` of this call's query positions (computed once per backbone call and RoPE type)."""
         if self.rotary is None:
             return None
         position_ids = call.kwargs.get("position_ids")
         if position_ids is None:
-            if self.rotary(torch.zeros(1, 1, dtype=torch.long, device=call.query.device), call.query, call.layer) is None:
+            probe = torch.zeros(1, 1, dtype=torch.long, device=call.query.device)
+            if self.rotary(probe, call.query, call.layer) is None:
                 return None  # no RoPE: nothing to undo
             raise NotImplementedError(
-                f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the positions "
-                "of its RoPE keys cannot be undone for memory."
+                f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the "
+                "positions of its RoPE keys cannot be undone for memory."
             )
         if self._rope_for is None or self._rope_for[0] is not position_ids or self._rope_for[1] != position_ids._version:
             self._rope_for, self._rope_cache = (position_ids, position_ids._version), {}

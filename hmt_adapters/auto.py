@@ -73,7 +73,7 @@ class AutoMemoryModelForCausalLM:
     """One-line loading of a memory adapter together with its base model."""
 
     def __init__(self) -> None:
-        raise EnvironmentError("Use AutoMemoryModelForCausalLM.from_pretrained(adapter_dir_or_hub_id).")
+        raise OSError("Use AutoMemoryModelForCausalLM.from_pretrained(adapter_dir_or_hub_id).")
 
     @classmethod
     def from_pretrained(

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from .registry import get_method
 from .saving.files import CONFIG_NAME, METADATA_KEYS
@@ -21,7 +21,8 @@ RUNTIME_SWITCHES = ("offload_activations", "gradient_checkpointing")
 
 
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    """The JSON object in `path`; a `ValueError` naming `what` and the file when it is not valid JSON or not an object."""
+    """The JSON object in `path`; a `ValueError` naming `what` and the file when it is not valid JSON or not an
+    object."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -58,7 +59,8 @@ def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
         raise ValueError(f"`{name}` must be a number{_allowed(meta, default)}, got {value!r}.")
     lo, hi = meta.get("min"), meta.get("max")
     if kind is tuple:
-        if not isinstance(value, tuple) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        if not isinstance(value, tuple) or not value or any(isinstance(v, bool) or not isinstance(v, int)
+                                                            for v in value):
             raise ValueError(f"`{name}` must be a non-empty list of integers{_allowed(meta, default)}, got {value!r}.")
         bad = [v for v in value if (lo is not None and v < lo) or (hi is not None and v > hi)]
         if bad:
@@ -129,7 +131,7 @@ class MemoryConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields plus `method`, ready for JSON."""
-        out = {"method": self.method_name}
+        out: dict[str, Any] = {"method": self.method_name}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
@@ -145,7 +147,7 @@ class MemoryConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MemoryConfig":
+    def from_dict(cls, data: dict[str, Any]) -> MemoryConfig:
         """Build the config of `data["method"]`, rejecting keys that are neither fields nor checkpoint metadata."""
         data = dict(data)
         method = data.pop("method", None)
@@ -169,7 +171,8 @@ class MemoryConfig:
         return json.dumps({**fields, **metadata}, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str | os.PathLike, **metadata: Any) -> str:
-        """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the fields)."""
+        """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the
+        fields)."""
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, CONFIG_NAME)
         with open(path, "w", encoding="utf-8") as fh:
@@ -177,10 +180,10 @@ class MemoryConfig:
         return path
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "MemoryConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> MemoryConfig:
         return MemoryConfig.from_dict(read_json_object(path, "The memory config file"))
 
-    def replace(self, **changes: Any) -> "MemoryConfig":
+    def replace(self, **changes: Any) -> Self:
         """A copy with `changes` applied (validated like a fresh config)."""
         unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:

@@ -35,7 +35,7 @@ def _methods_without_attention() -> list[str]:
 
 # The MemoryModel whose call (in this thread / task) passed `fused_lm_head=True`: TRL's fused LM head
 # (`trl.trainer.utils.add_fused_lm_head`, see docs/training.md) reads the LM head's inputs from `model.base_model`.
-_FUSED_CALL: contextvars.ContextVar["MemoryModel | None"] = contextvars.ContextVar("hmt_fused_lm_head", default=None)
+_FUSED_CALL: contextvars.ContextVar[MemoryModel | None] = contextvars.ContextVar("hmt_fused_lm_head", default=None)
 
 PEFT_ORDER = (
     "peft adapters go on the backbone before the memory: `wrap_with_memory(get_peft_model(base, peft_config), ...)` "
@@ -51,7 +51,7 @@ class MemoryBody:
     padding), so a per-token log-probability computed from them equals the one from `forward`'s logits.
     """
 
-    def __init__(self, model: "MemoryModel"):
+    def __init__(self, model: MemoryModel):
         self.model = model
 
     def __call__(
@@ -95,7 +95,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         config._attn_implementation_internal = attn_implementation  # the shared backbone config stays as it was
         self.loss_type = "ForCausalLM"  # labels are shifted inside: Trainer counts targets over labels[..., 1:]
-        self.backbone = base_model
+        self.backbone: Any = base_model  # any HF causal LM, peft-wrapped or not
         self.adapter = adapter
         entry = method_for_config(memory_config)
         if entry.needs_attention:
@@ -145,7 +145,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """Refused: transformers' peft integration would freeze and drop the memory (see `PEFT_ORDER`)."""
         raise TypeError(f"MemoryModel.add_adapter is not supported: {PEFT_ORDER}.")
 
-    def load_adapter(self, *args: Any, **kwargs: Any) -> None:
+    def load_adapter(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]  # refuses any call
         """Refused: memory adapters load with `MemoryModel.from_pretrained` / `AutoMemoryModelForCausalLM`."""
         raise TypeError(
             "MemoryModel.load_adapter is not supported: load a saved memory adapter (with its LoRA) with "
@@ -161,13 +161,16 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return self.adapter.model.get_input_embeddings()
 
     def _freeze_backbone(self) -> None:
-        """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and `modules_to_save`)."""
+        """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and
+        `modules_to_save`)."""
         keep_peft = is_peft(self.backbone)
         for p in self.backbone.parameters():
             if not (keep_peft and p.requires_grad):
                 p.requires_grad_(False)
 
-    def _check_and_adjust_experts_implementation(self, experts_implementation: str | None) -> str | None:
+    def _check_and_adjust_experts_implementation(  # type: ignore[override]  # None: the backbone's own choice
+        self, experts_implementation: str | None
+    ) -> str | None:
         """MoE experts run inside the backbone, which chose their implementation: the wrapper keeps it as is."""
         return experts_implementation
 
@@ -186,7 +189,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def merge_and_unload(
         self, progressbar: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None
-    ) -> "MemoryModel":
+    ) -> MemoryModel:
         """Merge the backbone's peft adapter (LoRA, ...) into its base weights and return a MemoryModel on the merged
         plain causal LM with the same memory (weights, config, train/eval mode, `requires_grad`).
 
@@ -255,7 +258,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         `generate` a memory model returns no cache.
         """
         if not return_dict:
-            raise ValueError("MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
+            raise ValueError(
+                "MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
         cache = one_cache(cache, past_key_values)
         if cache is not None:
             return self._read_for_generation(input_ids, attention_mask, cache)
@@ -270,7 +274,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         result = self.runtime.run(packing.pack(ids), packing.packed_mask, targets, state, keep_logits=keep)
         return MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, num_items_in_batch) if labels is not None else None,
-            logits=packing.unpack(result.logits) if keep else None,
+            logits=packing.unpack(result.logits) if keep and result.logits is not None else None,
         ).with_num_tokens(result.num_tokens if labels is not None else None)
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -282,6 +286,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         packing = Packing.of(mask)
         state = self.init_memory(ids.shape[0], ids.device)
         result = self.runtime.run(packing.pack(ids), packing.packed_mask, None, state, keep_hidden=True)
+        assert result.logits is not None  # the hidden states, with keep_hidden
         return packing.unpack(result.logits)
 
     def step(
@@ -311,7 +316,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if torch.is_grad_enabled() and self.memory_config.bptt_depth is None:
             state = state.detach()
         pending = state.pending_length
-        if pending:
+        if pending and state.pending_ids is not None and state.pending_mask is not None:
             ids_all = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
             mask_all = torch.cat([state.pending_mask.to(mask.device).long(), mask], dim=1)
         else:
@@ -319,12 +324,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         targets = None
         if labels is not None:
             chunk = Packing.of(mask)
-            inside = chunk.unpack(shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)), IGNORE_INDEX)
+            inside = chunk.unpack(shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)),
+                                  IGNORE_INDEX)
             targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
         stream = Packing.of(mask_all)
         result, open_ids, open_mask = read_stream(
-            self.runtime, stream.pack(ids_all), stream.counts, None if targets is None else stream.pack(targets, IGNORE_INDEX), state,
-            keep_logits=return_logits,
+            self.runtime, stream.pack(ids_all), stream.counts,
+            None if targets is None else stream.pack(targets, IGNORE_INDEX), state, keep_logits=return_logits,
         )
         new_state = result.state
         if open_ids.shape[1]:
@@ -349,11 +355,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         kwargs = dict(activation_checkpointing_kwargs or {})
         if kwargs.pop("use_reentrant", False) or kwargs:
             raise ValueError(
-                f"Per-segment checkpointing is always non-reentrant and takes no options; got {activation_checkpointing_kwargs!r} "
+                "Per-segment checkpointing is always non-reentrant and takes no options; got "
+                f"{activation_checkpointing_kwargs!r} "
                 "(allowed: None or {'use_reentrant': False})."
             )
         if every_n_layers != 1:
-            raise ValueError(f"`every_n_layers` must be 1: memory models checkpoint whole segments, got {every_n_layers}.")
+            raise ValueError("`every_n_layers` must be 1: memory models checkpoint whole segments, got "
+                             f"{every_n_layers}.")
         self.memory_config.gradient_checkpointing = True
         self.memory_config.offload_activations = self.memory_config.offload_activations or offload
 
@@ -361,7 +369,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """Turn off per-segment checkpointing."""
         self.memory_config.gradient_checkpointing = False
 
-    def gradient_checkpointing_enable(
+    def gradient_checkpointing_enable(  # type: ignore[override]  # adds `offload`
         self, gradient_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
     ) -> None:
         """The name transformers before 5.23 (and its `Trainer`) use for `activation_checkpointing_enable`."""
@@ -374,7 +382,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def is_activation_checkpointing(self) -> bool:
         return self.memory_config.gradient_checkpointing
 
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+    def load_state_dict(  # type: ignore[override]  # a state dict of tensors only
+        self, state_dict: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
+    ):
         """Load a full or a training-checkpoint state dict (the `Trainer` and DeepSpeed resume through this).
 
         A checkpoint never holds the frozen backbone, so its absence is not reported. Memory weights, when present,
@@ -386,7 +396,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         missing = sorted(set(result.missing_keys) - checkpoint.frozen_keys(self))
         if strict and (missing or result.unexpected_keys):
             raise RuntimeError(
-                f"Error(s) in loading state_dict for {type(self).__name__}: missing {missing}, unexpected {result.unexpected_keys}."
+                f"Error(s) in loading state_dict for {type(self).__name__}: missing {missing}, unexpected "
+                f"{result.unexpected_keys}."
             )
         return type(result)(missing, result.unexpected_keys)
 
@@ -396,7 +407,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """transformers' stopping criteria without the backbone's position limit: a memory model reads any length
         in segments whose positions restart (docs/generation.md), so the "exceeded the model's predefined maximum
         length" reminder of `MaxLengthCriteria` does not apply."""
-        criteria = super()._get_stopping_criteria(generation_config, *args, **kwargs)
+        criteria = super()._get_stopping_criteria(generation_config, *args, **kwargs)  # type: ignore[misc]
         for criterion in criteria:
             if isinstance(criterion, MaxLengthCriteria):
                 criterion.max_position_embeddings = None
@@ -424,7 +435,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         `output.past_key_values` before transformers 5.24) has `memory_state()`, the state after the sequence.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
-        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)  # type: ignore[misc]
         check_generation_options(config, kwargs)
         given = one_cache(kwargs.pop("cache", None), kwargs.pop("past_key_values", None))
         if given is not None:
@@ -439,11 +450,13 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
 
     def _expand_inputs_for_generation(
-        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.Tensor | None = None, **model_kwargs: Any
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.LongTensor | None = None,
+        **model_kwargs: Any
+    ) -> tuple[torch.LongTensor, dict[str, Any]]:
         """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
         cache = model_kwargs.get(CACHE_KWARG)
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(  # type: ignore[misc]
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs)
         if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
             cache.batch_repeat_interleave(expand_size)
         return input_ids, model_kwargs
@@ -479,7 +492,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 
-    def save_pretrained(
+    def save_pretrained(  # type: ignore[override]  # the adapter only: its own options
         self,
         save_directory: str | os.PathLike,
         state_dict: dict | None = None,
@@ -493,7 +506,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
         Every file is written to a temporary folder first and the complete folder replaces an earlier save in one
         rename, so an error or a kill while saving leaves the earlier save whole and a reader never sees a mix;
-        peft files of an earlier save that this one does not write are removed, other files in the folder are kept. With `push_to_hub=True` the adapter is also uploaded; the
+        peft files of an earlier save that this one does not write are removed, other files in the folder are kept.
+        With `push_to_hub=True` the adapter is also uploaded; the
         keywords of `push_to_hub` (`repo_id`, default: the folder name, `commit_message`, `revision`, `create_pr`,
         ...) then apply. In a `Trainer` checkpoint folder (`checkpoint-<step>`) `model.safetensors` is added: the
         trainable weights under this model's key names, the only file `resume_from_checkpoint` reads. `tokenizer`
@@ -502,7 +516,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         find it.
         """
         if safe_serialization is not True:
-            raise ValueError(f"hmt-adapters writes safetensors only; `safe_serialization` must be True, got {safe_serialization!r}.")
+            raise ValueError("hmt-adapters writes safetensors only; `safe_serialization` must be True, got "
+                             f"{safe_serialization!r}.")
         push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", *hub.PUSH_KWARGS) if k in kwargs}
         hub.refuse_unknown("MemoryModel.save_pretrained", kwargs, ["state_dict", "is_main_process", "push_to_hub",
                            "safe_serialization", "tokenizer", "repo_id", *hub.PUSH_KWARGS],
@@ -519,7 +534,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             card.push_adapter(self, repo_id, state_dict=state_dict, tokenizer=tokenizer, **push_kwargs)
 
     @classmethod
-    def from_pretrained(
+    def from_pretrained(  # type: ignore[override]  # a base model plus an adapter, not a checkpoint
         cls,
         base_model: nn.Module,
         pretrained_model_name_or_path: str | os.PathLike,
@@ -527,7 +542,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         is_trainable: bool = False,
         inplace: bool = False,
         **kwargs: Any,
-    ) -> "MemoryModel":
+    ) -> MemoryModel:
         """Wrap `base_model` with the adapter saved in a local directory or a Hub repo, as peft's `from_pretrained`.
 
         By default the model is for inference: in eval mode (dropout off), memory and peft weights frozen;
@@ -541,7 +556,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return adapter_io.load_adapter(cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable,
                                        inplace=inplace, **kwargs)
 
-    def push_to_hub(
+    def push_to_hub(  # type: ignore[override]  # the adapter only: its own options
         self,
         repo_id: str,
         *,
@@ -573,7 +588,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def _check_inputs(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or min(input_ids.shape) < 1:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got {shape}.")
+            raise ValueError("`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got "
+                             f"{shape}.")
         if input_ids.is_floating_point():
             raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
         vocab = self.adapter.vocab_size
@@ -585,8 +601,10 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if attention_mask is None:
             return input_ids, torch.ones_like(input_ids)
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-            raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}.")
+            shape = (tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor)
+                     else type(attention_mask).__name__)
+            raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
+                             f"{shape}.")
         return input_ids, (attention_mask.to(input_ids.device) != 0).long()  # transformers' rule: nonzero attends
 
     @staticmethod
@@ -685,8 +703,8 @@ def check_wrappable(model: nn.Module) -> None:
     inner = unwrap_causal_lm(model)
     if isinstance(model, MemoryModel) or isinstance(inner, MemoryModel):
         raise TypeError(
-            f"This is already a MemoryModel ('{(model if isinstance(model, MemoryModel) else inner).method}'); wrap its "
-            "backbone (`model.backbone`) instead, or load another adapter with MemoryModel.from_pretrained."
+            f"This is already a MemoryModel ('{(model if isinstance(model, MemoryModel) else inner).method}'); wrap "
+            "its backbone (`model.backbone`) instead, or load another adapter with MemoryModel.from_pretrained."
         )
     check_causal_lm(model)
 
@@ -706,6 +724,7 @@ def wrap_with_memory(
         config = get_method(method_or_config).make_config(method_or_config, **overrides)
     else:
         raise TypeError(
-            f"`method_or_config` must be a method name {available_methods()} or a MemoryConfig, got {type(method_or_config).__name__}."
+            f"`method_or_config` must be a method name {available_methods()} or a MemoryConfig, got "
+            f"{type(method_or_config).__name__}."
         )
     return MemoryModel(model, config, freeze_backbone=freeze_backbone)

@@ -31,7 +31,7 @@ class MemoryCausalLMOutput(CausalLMOutputWithPast):
     memory_state: MemoryState | None = None
     num_tokens: ClassVar[torch.Tensor | None] = None  # set per instance by `with_num_tokens`; not a dataclass field
 
-    def with_num_tokens(self, num_tokens: torch.Tensor | None) -> "MemoryCausalLMOutput":
+    def with_num_tokens(self, num_tokens: torch.Tensor | None) -> MemoryCausalLMOutput:
         """This output with `num_tokens` set (outside the output's entries, see the class docstring)."""
         object.__setattr__(self, "num_tokens", num_tokens)
         return self

@@ -19,11 +19,11 @@ class MethodEntry:
     """One registered method string."""
 
     name: str
-    config_cls: type["MemoryConfig"]
-    method_cls: type["MemoryMethod"]
+    config_cls: type[MemoryConfig]
+    method_cls: type[MemoryMethod]
     defaults: dict[str, Any] = field(default_factory=dict)
 
-    def make_config(self, name: str, **fields: Any) -> "MemoryConfig":
+    def make_config(self, name: str, **fields: Any) -> MemoryConfig:
         """Instantiate the config for this method string, with unknown keys reported as a `ValueError`."""
         valid = set(self.config_cls.field_names())
         unknown = sorted(set(fields) - valid)
@@ -44,8 +44,8 @@ _METHODS: dict[str, MethodEntry] = {}
 
 def register_method(
     name: str,
-    config_cls: type["MemoryConfig"],
-    method_cls: type["MemoryMethod"],
+    config_cls: type[MemoryConfig],
+    method_cls: type[MemoryMethod],
     defaults: dict[str, Any] | None = None,
 ) -> None:
     """Register `name` (lower case, unique) so `wrap_with_memory(model, name)` and saved configs can find it."""
@@ -67,6 +67,6 @@ def available_methods() -> list[str]:
     return sorted(_METHODS)
 
 
-def method_for_config(config: "MemoryConfig") -> MethodEntry:
+def method_for_config(config: MemoryConfig) -> MethodEntry:
     """The registry entry a config object belongs to."""
     return get_method(config.method_name)

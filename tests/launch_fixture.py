@@ -1,4 +1,5 @@
-"""A tiny Llama with a byte-level BPE tokenizer saved as a model folder, and a folder of text documents, for launches."""
+"""A tiny Llama with a byte-level BPE tokenizer saved as a model folder, and a folder of text documents, for
+launches."""
 
 from __future__ import annotations
 

@@ -137,7 +137,8 @@ def test_the_config_records_the_base_model_and_the_format_version(tmp_path):
     ha.wrap_with_memory(base, "rmt", segment_length=8).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "memory_config.json").read_text())
     assert {k: config[k] for k in ("format_version", "base_model_name_or_path", "base_model_architecture",
-                                   "base_model_type", "embed_dim", "hidden_size", "num_hidden_layers", "vocab_size")} == {
+                                   "base_model_type", "embed_dim", "hidden_size", "num_hidden_layers",
+                                   "vocab_size")} == {
         "format_version": adapter_io.FORMAT_VERSION, "base_model_name_or_path": "org/tiny-llama",
         "base_model_architecture": "LlamaForCausalLM", "base_model_type": "llama", "embed_dim": 32, "hidden_size": 32,
         "num_hidden_layers": 2, "vocab_size": 96}
@@ -155,7 +156,8 @@ def test_an_adapter_is_refused_by_a_base_of_another_vocabulary_or_depth(tmp_path
 
 def test_an_adapter_is_refused_by_another_architecture_of_the_same_width(tmp_path):
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"base_model_architecture 'LlamaForCausalLM' \(adapter\) vs 'Qwen2ForCausalLM'"):
+    with pytest.raises(ValueError,
+                       match=r"base_model_architecture 'LlamaForCausalLM' \(adapter\) vs 'Qwen2ForCausalLM'"):
         ha.MemoryModel.from_pretrained(tiny_backbone("qwen2"), str(tmp_path))
 
 
@@ -175,7 +177,8 @@ def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
     edit_config(tmp_path, segment_length=None)
     with pytest.raises(ValueError, match=r"lacks the required field\(s\) \['segment_length'\] of RMTConfig"):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))
-    assert ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), segment_length=16).memory_config.segment_length == 16
+    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), segment_length=16)
+    assert loaded.memory_config.segment_length == 16
     edit_config(tmp_path, segment_length=16, format_version=99)
     with pytest.raises(ValueError, match="format version 99, but hmt-adapters .* reads formats 0 to 2: .*upgrade"):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path))

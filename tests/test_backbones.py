@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import hmt_adapters as ha
+from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
 from hmt_adapters.attention import MEMORY_KWARG, AttentionContext
 from hmt_adapters.backbones import family as fam
 from hmt_adapters.backbones import get_backbone_adapter
-from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
 
 ATTENTION = tuple(f for f in FAMILY_NAMES if f not in REFUSED)
 # RoPE families whose whole state is attention (an SSM restarts every segment: no full read to compare with)

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO-2 through `TrainingArguments(deepspeed=...)`: 2 CPU processes (gloo, torchrun), the shipped config."""
+"""DeepSpeed ZeRO-2 through `TrainingArguments(deepspeed=...)`: 2 CPU processes (gloo, torchrun), the shipped
+config."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_zero2_on_two_processes_keeps_ranks_identical_writes_adapter_only_and_re
 
     engine_state = torch.load(tmp_path / "straight" / "checkpoint-2" / "global_step2" / "mp_rank_00_model_states.pt",
                               weights_only=False)
-    assert set(engine_state["module"]) == set(ranks[0]), "the DeepSpeed checkpoint must hold only the trainable weights"
+    assert set(engine_state["module"]) == set(ranks[0]), \
+        "the DeepSpeed checkpoint must hold only the trainable weights"
     assert engine_state["frozen_param_fragments"] is None
 
 

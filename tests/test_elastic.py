@@ -63,7 +63,7 @@ def test_memory_reaches_attention_as_the_reconstruction_of_the_state(family, mon
                 assert calls == []  # no memory before anything was folded in
                 continue
             assert [c[0] for c in calls] == [layer]
-            t = n * SEG  # tokens folded into the state: the horizon it is read with (spec §1.5)
+            t = n * SEG  # tokens folded into the state: the horizon it is read with (docs/elastic_memory.md)
             R = HiPPOLegS(N).basis(sample_points("uniform", t, L_MEM, N), t)[None]
             torch.testing.assert_close(calls[0][1], R[:, None] @ before[f"k.{layer}"])
             torch.testing.assert_close(calls[0][2], R[:, None] @ before[f"v.{layer}"])
@@ -191,13 +191,14 @@ def test_sampling_switches_after_training_without_touching_the_state(tmp_path):
         model.memory.set_sampling("random")
 
 
-def test_sample_points_follow_the_paper_and_the_spec_defaults():
+def test_sample_points_follow_the_paper_and_the_documented_defaults():
     t, count, order = 64, 8, 16
     torch.testing.assert_close(sample_points("uniform", t, count, order), torch.arange(8, dtype=torch.float64) * 8)
     x = sample_points("exponential", t, count, order)
     assert x[-1] == 0 and abs(float(x[0]) - (t - t / order)) < 1e-9  # newest one resolution cell before t
     assert bool((x[:-1] > x[1:]).all()) and bool(((x[:-2] - x[1:-1]) < (x[1:-1] - x[2:])).all())  # denser near t
-    torch.testing.assert_close(sample_points("exponential", t, 3, order, alpha=0.5), torch.tensor([48.0, 32.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(sample_points("exponential", t, 3, order, alpha=0.5),
+                               torch.tensor([48.0, 32.0, 0.0], dtype=torch.float64))
 
 
 def test_default_memory_layer_is_at_three_quarters_depth():

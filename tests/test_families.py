@@ -18,8 +18,15 @@ import transformers
 import hmt_adapters as ha
 from cases import METHOD_CASES
 from families import (
-    FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, RELEASE_DEPENDENT, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone,
-    layer_overrides, memory_read_error,
+    FAMILY_NAMES,
+    HYBRID_ATTENTION_LAYERS,
+    REFUSED,
+    RELEASE_DEPENDENT,
+    STATE_OUTSIDE_ATTENTION,
+    VOCAB,
+    family_backbone,
+    layer_overrides,
+    memory_read_error,
 )
 
 SEGMENT = 8
@@ -68,7 +75,8 @@ def bare_logits(family: str) -> torch.Tensor:
     """The bare backbone's logits on each 8-token segment of `ids(2, 19)` alone, before any wrapping."""
     x = ids(2, 2 * SEGMENT + 3)
     with torch.no_grad():
-        return torch.cat([backbone(family)(input_ids=x[:, s : s + SEGMENT]).logits for s in range(0, x.shape[1], SEGMENT)], 1)
+        return torch.cat([backbone(family)(input_ids=x[:, s : s + SEGMENT]).logits
+                          for s in range(0, x.shape[1], SEGMENT)], 1)
 
 
 @functools.cache
@@ -138,7 +146,8 @@ def test_save_load_and_greedy_generation(method, family, tmp_path):
 @pytest.mark.parametrize("family", sorted(HYBRID_ATTENTION_LAYERS))
 @pytest.mark.parametrize("method", ["transformer_xl", "trams", "melodi"])  # default: every layer (the others: upper)
 def test_hybrids_take_attention_memory_only_in_their_attention_layers(method, family):
-    with pytest.raises(ValueError, match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"):
+    with pytest.raises(ValueError,
+                       match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"):
         ha.wrap_with_memory(family_backbone(family), method, segment_length=SEGMENT, **METHOD_CASES[method])
 
 

@@ -1,5 +1,5 @@
-"""HiPPO-LegS: the closed forms against the paper-literal recurrence (float64), the spec's §8.1 checks, the
-behaviour of the paper's Table 12, recovery of an old value, and float32 stability at N = 8640."""
+"""HiPPO-LegS: the closed forms against the paper-literal recurrence (float64), the LegS identities (scale invariance,
+linearity), the behaviour of the paper's Table 12, recovery of an old value, and float32 stability at N = 8640."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def sines(T: int, cycles, seed: int = 0) -> torch.Tensor:
     x = midpoints(T)
     out = torch.zeros(T, dtype=F64)
     for w in cycles:
-        amp, phase = 0.5 + torch.rand(1, generator=gen, dtype=F64), 2 * math.pi * torch.rand(1, generator=gen, dtype=F64)
+        amp, phase = (0.5 + torch.rand(1, generator=gen, dtype=F64),
+                      2 * math.pi * torch.rand(1, generator=gen, dtype=F64))
         out += amp * torch.sin(2 * math.pi * w * x + phase)
     return out
 
@@ -119,7 +120,8 @@ def test_constant_input_is_represented_exactly():
 def test_compression_is_linear():
     h = HiPPOLegS(20, dtype=F64)
     f, g = torch.randn(2, 3, 40, dtype=F64)
-    torch.testing.assert_close(h.compress(2.5 * f - 0.75 * g), 2.5 * h.compress(f) - 0.75 * h.compress(g), atol=1e-12, rtol=0)
+    torch.testing.assert_close(h.compress(2.5 * f - 0.75 * g), 2.5 * h.compress(f) - 0.75 * h.compress(g), atol=1e-12,
+                               rtol=0)
 
 
 # ---- Table 12 behaviour (N = 32, T = 1024 unless stated) -----------------------------------------------------
@@ -129,11 +131,12 @@ def test_smooth_signals_reconstruct_almost_exactly_and_fast_ones_do_not():
     h = HiPPOLegS(32, dtype=F64)
     assert mse(h, sines(1024, [4])) < 1e-6
     assert mse(h, sines(1024, [1, 2, 3])) < 1e-6
-    assert mse(h, sines(1024, [16])) > 0.1  # beyond ~N/3 cycles: the low-pass limit (spec §8.1.7)
+    assert mse(h, sines(1024, [16])) > 0.1  # beyond ~N/3 cycles: the low-pass limit
 
 
 def expected_noise_mse(N: int, T: int) -> float:
-    """`E ||f - R G f||^2 / T` for white noise `f`: `1 - 2 tr(M)/T + ||M||_F^2 / T` with `M = R G` (about `1 - N/T`)."""
+    """`E ||f - R G f||^2 / T` for white noise `f`: `1 - 2 tr(M)/T + ||M||_F^2 / T` with `M = R G` (about
+    `1 - N/T`)."""
     M = legs_basis(N, torch.arange(T, dtype=F64) + 0.5, T) @ legs_kernel(N, 0, T, T)
     return float(1 - 2 * torch.trace(M) / T + (M**2).sum() / T)
 
@@ -203,7 +206,9 @@ def test_float32_is_stable_at_N_8640():
 def test_bad_arguments_name_the_value_and_what_is_allowed():
     with pytest.raises(ValueError, match=r"`N` \(the HiPPO order\) must be an integer >= 1, got 0"):
         HiPPOLegS(0)
-    with pytest.raises(ValueError, match=r"`discretization` must be one of \['zoh', 'bilinear', 'forward', 'backward'\], got 'rk4'"):
+    with pytest.raises(ValueError,
+                       match=r"`discretization` must be one of \['zoh', 'bilinear', 'forward', 'backward'\], "
+                       r"got 'rk4'"):
         HiPPOLegS(8, "rk4")
     h = HiPPOLegS(8)
     with pytest.raises(ValueError, match=r"last dimension N=8, got shape \(3, 5\)"):

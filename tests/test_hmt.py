@@ -1,4 +1,4 @@
-"""HMT specifics (spec §8): reductions, layout, retrieval maths, padding, stage hand-over."""
+"""HMT specifics (HMT §3): reductions, layout, retrieval maths, padding, stage hand-over."""
 
 from __future__ import annotations
 

@@ -11,14 +11,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 import hmt_adapters as ha
 from hmt_adapters.evaluation import (
-    TASKS, Insert, Reader, accuracy_table, answer_rows, book_nll, build_sample, load_haystack, make_samples, score,
+    TASKS,
+    Insert,
+    Reader,
+    accuracy_table,
+    answer_rows,
+    book_nll,
+    build_sample,
+    load_haystack,
+    make_samples,
+    score,
 )
 from hmt_adapters.evaluation.tasks import PASSKEY_HEAD, passkey, qa, variable_tracking
 from hmt_adapters.training import token_nll
+from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 HAYSTACKS = ("repeat", "essays")
 
@@ -63,7 +72,7 @@ def test_build_sample_keeps_insert_order_and_rejects_too_short_lengths():
     tok = tiny_tokenizer()
     hay = load_haystack("repeat", tok)
     inserts = [Insert("First fact.", 0.9), Insert("Second fact.", 0.1)]  # asked out of order: order is kept
-    sample = build_sample(tok, hay, 500, "Head.\n", inserts, "\nTail", random.Random(0), task="t", answers=["x"],
+    build_sample(tok, hay, 500, "Head.\n", inserts, "\nTail", random.Random(0), task="t", answers=["x"],
                           query="q")
     assert inserts[0].position < inserts[1].position
     with pytest.raises(ValueError, match="too short"):

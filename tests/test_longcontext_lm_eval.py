@@ -7,11 +7,11 @@ import os
 
 import pytest
 import torch
-from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 import hmt_adapters as ha
 from hmt_adapters.evaluation import make_samples
 from hmt_adapters.training import token_nll
+from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 lm_eval = pytest.importorskip("lm_eval", reason="the `eval` extra (lm-eval) is part of `make install`")
 from lm_eval import simple_evaluate  # noqa: E402
@@ -41,7 +41,8 @@ def test_rolling_loglikelihood_equals_the_projects_nll(tmp_path):
     texts = [tok.decode(s.input_ids) for s in make_samples("passkey", tok, 180, 2, haystack="repeat")]
     folder = write_lm_eval_tasks(str(tmp_path), {}, tok, books={"book": texts})
     expected = [
-        -float(token_nll(model, torch.tensor([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"])).double().sum())
+        -float(token_nll(model, torch.tensor([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"]))
+               .double().sum())
         for t in texts
     ]
     assert all(len(tok(t)["input_ids"]) > 8 * SEGMENT for t in texts)  # many segments: memory is carried

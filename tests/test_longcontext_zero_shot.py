@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 import hmt_adapters as ha
 from hmt_adapters.evaluation import Reader, accuracy_table, answer_rows, make_samples
 from hmt_adapters.evaluation.zero_shot import ZERO_SHOT_NOTES, memory_policies, zero_shot_fields, zero_shot_readers
 from hmt_adapters.training import token_nll
+from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

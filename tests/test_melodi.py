@@ -1,4 +1,4 @@
-"""MELODI: the invariants of spec §8.1 that tiny random models can check (fp32, CPU)."""
+"""MELODI: the invariants that tiny random models can check (fp32, CPU)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def test_first_window_equals_the_backbone_for_any_memory_weights(family):
     perturb(model)
     ids = random_ids(2, W)
     with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=ids).logits, model.base_model(input_ids=ids).logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(model(input_ids=ids).logits, model.base_model(input_ids=ids).logits, atol=1e-5,
+                                   rtol=1e-4)
 
 
 def test_context_tokens_never_see_their_windows_summary_tokens():
@@ -68,7 +69,8 @@ def test_wrapping_leaves_the_backbone_alone_outside_memory_calls():
             out = model(input_ids=ids).logits
     for s in range(0, ids.shape[1], W):
         with torch.no_grad():
-            torch.testing.assert_close(out[:, s : s + W], base(input_ids=ids[:, s : s + W]).logits, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(out[:, s : s + W], base(input_ids=ids[:, s : s + W]).logits, atol=1e-5,
+                                       rtol=1e-4)
 
 
 def test_a_copy_and_a_second_wrapper_of_the_same_backbone_run_their_own_mixers():
@@ -114,7 +116,8 @@ def test_both_memories_reach_attention_in_every_later_window(monkeypatch):
         assert prefixes == [(layer, S) for layer in range(4)]  # window 1 has no prefix; window 2 one per layer
         base = model.step(ids[:, 2 * W :], state)[0].logits
         no_short = dict(state.tensors, **{f"z.{i}": torch.zeros_like(state.tensors[f"z.{i}"]) for i in range(4)})
-        no_long = dict(state.tensors, **{"k.2": torch.zeros_like(state.tensors["k.2"]), "v.2": torch.rand_like(state.tensors["v.2"])})
+        no_long = dict(state.tensors,
+                       **{"k.2": torch.zeros_like(state.tensors["k.2"]), "v.2": torch.rand_like(state.tensors["v.2"])})
         for tensors in (no_short, no_long):
             changed = model.step(ids[:, 2 * W :], ha.MemoryState("melodi", tensors, state.segments_seen))[0].logits
             assert (changed - base).abs().max() > 1e-4
@@ -123,7 +126,8 @@ def test_both_memories_reach_attention_in_every_later_window(monkeypatch):
 def test_default_layers_scale_with_depth_and_the_top_memory_layer_sends_nothing_up():
     model = melodi(layers=4)
     assert model.memory.short_term_layers == (0, 1, 2, 3) and model.memory.long_term_layer == 2
-    assert sorted(model.memory.mixer_up) == ["0", "1", "2"] and sorted(model.memory.mixer_memory) == ["0", "1", "2", "3"]
+    assert sorted(model.memory.mixer_up) == ["0", "1", "2"]
+    assert sorted(model.memory.mixer_memory) == ["0", "1", "2", "3"]
     chosen = melodi(layers=4, short_term_layers=[0, 2], long_term_layer=3)
     assert sorted(chosen.memory.mixer_up) == ["0", "2"] and chosen.memory.long_term_layer == 3
 
@@ -265,4 +269,5 @@ def test_bad_layers_and_settings_are_clear_errors():
         ha.MelodiConfig(gate_init=1.0)
     with pytest.raises(NotImplementedError, match="'melodi' injects memory into attention layers.*'rwkv'"):
         ha.wrap_with_memory(tiny_backbone("rwkv"), "melodi", segment_length=W)
-    assert ha.MelodiConfig(segment_length=512).summary_tokens == 128 and ha.MelodiConfig(segment_length=512).long_term_tokens == 64
+    config = ha.MelodiConfig(segment_length=512)
+    assert config.summary_tokens == 128 and config.long_term_tokens == 64

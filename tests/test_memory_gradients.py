@@ -1,5 +1,6 @@
-"""Where training signal flows through K/V memory (issue 17): the stop-gradient on stored keys/values cuts a loss at
-the end of a document off from its first segment; without it, Transformer-XL covering the document trains exactly
+"""Where training signal flows through K/V memory (docs/attention_memory.md, "Training from scratch"): the
+stop-gradient on stored keys/values cuts a loss at the end of a document off from its first segment; without it,
+Transformer-XL covering the document trains exactly
 like full attention, and every K/V reading rule passes gradient back to what it read."""
 
 from __future__ import annotations
@@ -99,9 +100,8 @@ def test_recall_probe_measures_the_attention_full_attention_puts_on_the_key():
     """The benchmark's probe (values replaced by a key indicator) reads exactly the attention weights on the key:
     for XL covering the document they equal the full-attention backbone's own attention probabilities."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from recall_probe import key_positions, probe_unimem
-
     from hmt_adapters.tasks import RecallTask
+    from recall_probe import key_positions, probe_unimem
 
     task, gap = RecallTask(segment_length=L, num_digits=4, vocab_size=VOCAB), 2
     full = tiny_backbone("llama")

@@ -71,8 +71,11 @@ def test_loading_a_file_that_is_not_a_state_says_what_it_is(tmp_path):
 def test_an_empty_batch_is_a_clear_error(shape):
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
     ids = torch.zeros(shape, dtype=torch.long)
-    for call in (lambda: model(input_ids=ids), lambda: model.step(ids), lambda: model.generate(input_ids=ids, max_new_tokens=1)):
-        with pytest.raises(ValueError, match=rf"\[batch, length >= 1\] tensor of token ids with batch >= 1, got \({shape[0]}, {shape[1]}\)"):
+    for call in (lambda: model(input_ids=ids), lambda: model.step(ids),
+                 lambda: model.generate(input_ids=ids, max_new_tokens=1)):
+        with pytest.raises(ValueError,
+                           match=rf"\[batch, length >= 1\] tensor of token ids with batch >= 1, got \({shape[0]}, "
+                           rf"{shape[1]}\)"):
             call()
 
 
@@ -84,7 +87,8 @@ def test_labels_without_any_target_give_nan_as_transformers_does():
     reference = ForCausalLMLoss(out.logits, labels, vocab_size=96)
     assert torch.isnan(reference) and torch.isnan(out.loss)
     summed = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(5))
-    assert summed.loss.item() == ForCausalLMLoss(out.logits, labels, vocab_size=96, num_items_in_batch=torch.tensor(5)).item() == 0.0
+    reference = ForCausalLMLoss(out.logits, labels, vocab_size=96, num_items_in_batch=torch.tensor(5))
+    assert summed.loss.item() == reference.item() == 0.0
 
 
 # ---- what can be wrapped --------------------------------------------------------------------------------------------
@@ -106,9 +110,13 @@ BERT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_he
 
 
 def test_bidirectional_and_encoder_decoder_models_are_refused_naming_why():
-    with pytest.raises(ValueError, match=r"BertForMaskedLM is not a causal LM: .*leak the future \(bert's causal LM is BertLMHeadModel"):
+    with pytest.raises(ValueError,
+                       match=r"BertForMaskedLM is not a causal LM: .*leak the future \(bert's causal LM is "
+                       r"BertLMHeadModel"):
         ha.wrap_with_memory(BertForMaskedLM(BertConfig(**BERT)), "rmt", **RMT)
-    with pytest.raises(ValueError, match="BertLMHeadModel \\(bert\\) runs as a bidirectional encoder because config.is_decoder is False"):
+    with pytest.raises(ValueError,
+                       match="BertLMHeadModel \\(bert\\) runs as a bidirectional encoder because config.is_decoder is "
+                       "False"):
         ha.wrap_with_memory(BertLMHeadModel(BertConfig(**BERT)), "rmt", **RMT)
     t5 = T5ForConditionalGeneration(T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
     with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model"):

@@ -25,9 +25,11 @@ def test_targets_shift_across_segment_boundaries():
 
 def test_tails_keep_the_last_real_tokens_right_aligned():
     ids, mask = torch.tensor([[1, 2, 3]]), torch.tensor([[1, 1, 0]])
-    tail_ids, tail_mask = append_tail(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), ids, mask, 4)
+    tail_ids, tail_mask = append_tail(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), ids,
+                                      mask, 4)
     assert tail_mask.tolist() == [[0, 0, 1, 1]] and tail_ids[:, 2:].tolist() == [[1, 2]]
-    tail_ids, tail_mask = append_tail(tail_ids, tail_mask, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), 4)
+    tail_ids, tail_mask = append_tail(tail_ids, tail_mask, torch.tensor([[7, 8, 9]]),
+                                      torch.ones(1, 3, dtype=torch.long), 4)
     assert tail_ids.tolist() == [[2, 7, 8, 9]] and tail_mask.tolist() == [[1, 1, 1, 1]]
 
 
@@ -39,7 +41,8 @@ SWITCHES = [
 ]
 
 
-@pytest.mark.parametrize("method,kw", [("hmt", dict(sensory_length=3, memory_window=4)), ("rmt", dict(num_memory_tokens=2))])
+@pytest.mark.parametrize("method,kw",
+                         [("hmt", dict(sensory_length=3, memory_window=4)), ("rmt", dict(num_memory_tokens=2))])
 def test_offload_and_checkpointing_give_the_same_loss_and_gradients(method, kw, monkeypatch):
     packed = []
     original_pack = offload.ActivationOffload._pack
@@ -161,7 +164,8 @@ def test_a_segment_with_one_target_keeps_its_head_and_a_segment_nothing_reads_is
 
 
 def test_a_batch_without_any_target_still_has_a_differentiable_loss():
-    """As transformers: the mean over no target is nan; the Trainer's sum / num_items_in_batch is a zero backward can run."""
+    """As transformers: the mean over no target is nan; the Trainer's sum / num_items_in_batch is a zero backward can
+    run."""
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
     ids = random_ids(2, 24)
     labels = torch.full_like(ids, -100)
@@ -210,7 +214,8 @@ def test_offload_under_bf16_autocast_moves_no_parameter_cast_and_keeps_gradients
 
     def is_cast_of_a_parameter(t):  # by value: the tensor equals some parameter cast to its dtype (or its transpose)
         views = [t, t.mT] if t.dim() == 2 else [t]
-        return any(v.shape == p.shape and v.dtype != p.dtype and torch.equal(v, p.to(v.dtype)) for v in views for p in params)
+        return any(v.shape == p.shape and v.dtype != p.dtype and torch.equal(v, p.to(v.dtype))
+                   for v in views for p in params)
 
     assert len(moved) > 50 and {t.dtype for t in moved} >= {torch.bfloat16, torch.float32}
     assert not [tuple(t.shape) for t in moved if is_cast_of_a_parameter(t)]
@@ -227,5 +232,6 @@ def test_parameter_casts_are_recognised_in_and_out_of_the_graph():
     assert hooks.is_parameter_cast(cast) and hooks.is_parameter_cast(cast.t())
     assert hooks.is_parameter_cast(trainable.to(torch.bfloat16).t())
     activation = torch.randn(3, 16, 8, requires_grad=True)
-    assert not hooks.is_parameter_cast(activation.to(torch.bfloat16)) and not hooks.is_parameter_cast(torch.randn(16, 8))
+    assert not hooks.is_parameter_cast(activation.to(torch.bfloat16))
+    assert not hooks.is_parameter_cast(torch.randn(16, 8))
     assert not hooks.is_parameter_cast((trainable * 2).to(torch.bfloat16))  # computed from a weight: an activation

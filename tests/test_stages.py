@@ -71,10 +71,13 @@ def test_curriculum_levels_grow_the_window_and_continue_the_same_model(tmp_path)
         (lambda m, d, o: Stage(0, 5), ValueError, "n_segments"),
         (lambda m, d, o: train_stages(m, [], d, o), ValueError, "empty"),
         (lambda m, d, o: train_stages(m, hmt_stages(1, 1), d, o), ValueError, "first stage 'stage1' expects"),
-        (lambda m, d, o: train_stages(m, [Stage(2, 1, config={"bogus": 1})], d, o), ValueError, "unknown config fields"),
-        (lambda m, d, o: train_stages(m, [Stage(2, 1)], d, o, deepspeed=f"{o}.json"), FileNotFoundError, "does not exist"),
+        (lambda m, d, o: train_stages(m, [Stage(2, 1, config={"bogus": 1})], d, o), ValueError,
+         "unknown config fields"),
+        (lambda m, d, o: train_stages(m, [Stage(2, 1)], d, o, deepspeed=f"{o}.json"), FileNotFoundError,
+         "does not exist"),
         (lambda m, d, o: Stage(2, 1, min_segments=3), ValueError, r"min_segments` must be in \[1, n_segments=2\]"),
-        (lambda m, d, o: train_stages(m, [Stage(2, 1), Stage(4, 1)], d, o, stride_segments=3), ValueError, r"\[1, 2\]"),
+        (lambda m, d, o: train_stages(m, [Stage(2, 1), Stage(4, 1)], d, o, stride_segments=3), ValueError,
+         r"\[1, 2\]"),
     ],
 )
 def test_bad_stage_input_is_a_clear_error_before_anything_is_written(tmp_path, call, error, message):
@@ -102,7 +105,8 @@ def test_paper_protocol_last_segment_loss_on_stride_windows_logs_the_real_depths
         train_stages(model, [Stage(3, 1, min_segments=2)], documents(4, 70), str(tmp_path), training_args=ARGS,
                      callbacks=[first], loss_segments=1, stride_segments=1)
     # 70 tokens, windows ending every 8: 8 (dropped, 1 segment), 16, 24, then 24 each and a last one of 22 tokens
-    assert "32 windows, 3 segments asked, depth min/median/max 2/3/3, 4 (12.5%) shorter; loss on the last 1 segment(s)" in caplog.text
+    assert ("32 windows, 3 segments asked, depth min/median/max 2/3/3, 4 (12.5%) shorter; loss on the last 1 "
+            "segment(s)") in caplog.text
     batch = first.batches[0]
     for ids, labels, mask in zip(batch["input_ids"], batch["labels"], batch["attention_mask"]):
         n = int(mask.sum())

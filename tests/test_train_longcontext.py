@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 import hmt_adapters as ha
 from hmt_adapters.evaluation import load_haystack
 from hmt_adapters.evaluation.tasks import PASSKEY_HEAD
+from longcontext_tiny import tiny_llama, tiny_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_longcontext.py"
 spec = importlib.util.spec_from_file_location("train_longcontext", SCRIPT)
@@ -129,7 +129,8 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
 def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
     from hmt_adapters.training import add_lora
 
-    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None, freeze_backbone=True)
+    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None,
+                               freeze_backbone=True)
     model.save_pretrained(tmp_path)
     loaded = recipe.load_for_training(add_lora(tiny_llama(len(tiny_tokenizer()))), str(tmp_path), freeze_backbone=True)
     trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}

@@ -1,4 +1,5 @@
-"""The plain HF `Trainer` on a `MemoryModel`: adapter-only checkpoints, exact resume, save/load, checkpointing switch."""
+"""The plain HF `Trainer` on a `MemoryModel`: adapter-only checkpoints, exact resume, save/load, checkpointing
+switch."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def hmt_model(family: str = "llama", **kw) -> ha.MemoryModel:
 
 
 # transformers' current name for the switch (`gradient_checkpointing`, its older name, is now a deprecated alias)
-CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing") if n in TrainingArguments.__dataclass_fields__)
+CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing")
+                     if n in TrainingArguments.__dataclass_fields__)
 
 
 def train(model: ha.MemoryModel, out, max_steps: int = 4, resume: str | None = None, **args) -> list[float]:
@@ -44,7 +46,8 @@ def test_checkpoints_hold_the_adapter_and_save_model_reloads(tmp_path):
     weights = load_file(checkpoint / "model.safetensors")
     assert set(weights) == trainable_keys(model) and all(k.startswith("memory.") for k in weights)
     assert {"memory_config.json", "memory_adapter.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
-    Trainer(model=model, args=TrainingArguments(str(tmp_path), report_to="none", use_cpu=True)).save_model(str(tmp_path / "final"))
+    Trainer(model=model, args=TrainingArguments(str(tmp_path), report_to="none",
+                                                use_cpu=True)).save_model(str(tmp_path / "final"))
     assert sorted(os.listdir(tmp_path / "final")) == [
         "config.json", "memory_adapter.safetensors", "memory_config.json", "training_args.bin"]
     reloaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path / "final")).eval()
@@ -71,7 +74,8 @@ def test_trainer_gradient_checkpointing_switches_per_segment_checkpointing_and_o
     assert not model.memory_config.offload_activations
     assert checkpointed == pytest.approx(plain, abs=1e-6)
     both = hmt_model()
-    offloaded = train(both, tmp_path / "c", max_steps=2, **{CHECKPOINTING: True, f"{CHECKPOINTING}_kwargs": {"offload": True}})
+    offloaded = train(both, tmp_path / "c", max_steps=2,
+                      **{CHECKPOINTING: True, f"{CHECKPOINTING}_kwargs": {"offload": True}})
     assert both.memory_config.gradient_checkpointing and both.memory_config.offload_activations
     assert offloaded == pytest.approx(plain, abs=1e-6)
     model.activation_checkpointing_disable()
@@ -92,7 +96,8 @@ def test_resuming_a_checkpoint_of_another_method_or_backbone_is_a_clear_error(tm
     train(other(), tmp_path / "a", max_steps=2)
     with pytest.raises(ValueError, match=message):
         train(hmt_model(), tmp_path / "b", resume=str(tmp_path / "a" / "checkpoint-2"))
-    assert not (tmp_path / "b").exists() or not any(p.name.startswith("checkpoint") for p in (tmp_path / "b").iterdir())
+    assert not (tmp_path / "b").exists() or not any(p.name.startswith("checkpoint")
+                                                    for p in (tmp_path / "b").iterdir())
 
 
 def test_load_state_dict_accepts_a_full_state_dict_and_reports_only_trainable_gaps():
@@ -114,7 +119,8 @@ def test_trainer_steps_run_the_head_only_on_supervised_segments_and_evaluation_k
         str(tmp_path), max_steps=2, per_device_train_batch_size=2, per_device_eval_batch_size=4, report_to="none",
         use_cpu=True, disable_tqdm=True, prediction_loss_only=False,
     )
-    trainer = Trainer(model=model, args=arguments, train_dataset=data, eval_dataset=data, data_collator=WindowCollator())
+    trainer = Trainer(model=model, args=arguments, train_dataset=data, eval_dataset=data,
+                      data_collator=WindowCollator())
     trainer.train()
     assert len(calls) == 2  # one supervised segment per step, not three
     prediction = trainer.predict(data)

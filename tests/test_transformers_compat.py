@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import hmt_adapters as ha
+from cases import METHOD_CASES, SEGMENT, families_for, wrap
 from hmt_adapters import compat
 from hmt_adapters.runtime.generation import MemoryGenerationCache
 from hmt_adapters.training import add_lora
-from cases import SEGMENT, METHOD_CASES, families_for, wrap
 from tiny import random_ids, tiny_backbone
 
 GREEDY = dict(do_sample=False, pad_token_id=0, max_new_tokens=SEGMENT + 2, min_new_tokens=SEGMENT + 2)

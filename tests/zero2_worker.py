@@ -13,7 +13,8 @@ import sys
 
 import deepspeed.ops
 
-# The shared-memory all-reduce kernel only speeds up CPU collectives and costs a ~60 s JIT build; gloo does the same job.
+# The shared-memory all-reduce kernel only speeds up CPU collectives and costs a ~60 s JIT build; gloo does the
+# same job.
 deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 import torch  # noqa: E402
@@ -32,7 +33,8 @@ from tiny import random_ids, tiny_backbone  # noqa: E402
 def train(out: str, resume: str | None = None) -> tuple[list[float], dict[str, torch.Tensor], int]:
     """Three ZeRO-2 steps (checkpoint after two), or the last one resumed from that checkpoint."""
     model = ha.wrap_with_memory(
-        add_lora(tiny_backbone("llama", tie_word_embeddings=True), dropout=0.0), "hmt", segment_length=8, sensory_length=2,
+        add_lora(tiny_backbone("llama", tie_word_embeddings=True), dropout=0.0), "hmt", segment_length=8,
+        sensory_length=2,
         memory_window=4,
     )
     data = Dataset.from_dict({"input_ids": random_ids(12, 24).tolist()})

@@ -32,7 +32,8 @@ def get_backbone_adapter(model: nn.Module) -> BackboneAdapter:
     config = getattr(causal_lm, "config", None)
     if config is None or not hasattr(causal_lm, "get_input_embeddings"):
         raise TypeError(
-            f"Expected a Hugging Face causal LM (e.g. from AutoModelForCausalLM.from_pretrained), got {type(model).__name__}."
+            "Expected a Hugging Face causal LM (e.g. from AutoModelForCausalLM.from_pretrained), got "
+            f"{type(model).__name__}."
         )
     return _ADAPTERS.get(getattr(config, "model_type", ""), BackboneAdapter)(causal_lm)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from torch import nn
 from ..attention import MEMORY_KWARG, rotate, unrotate, use_memory_attention
 from ..compat import cache_kwargs, output_cache
 from . import family as fam
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
@@ -67,8 +70,8 @@ class BackboneAdapter:
     takes_position_ids: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module):
-        self.model = unwrap_causal_lm(model)
-        self.config = self.model.config
+        self.model = cast("PreTrainedModel", unwrap_causal_lm(model))
+        self.config: Any = self.model.config  # per-family fields (num_hidden_layers, ...), not in the base class
         out = self.model.get_output_embeddings()
         if out is not None and out.weight.shape[-1] != self.embed_dim:
             raise NotImplementedError(
@@ -85,11 +88,15 @@ class BackboneAdapter:
     @property
     def embed_dim(self) -> int:
         """Width of the input-embedding space (OPT: `word_embed_proj_dim`), where memory tokens live."""
-        return self.model.get_input_embeddings().weight.shape[-1]
+        return self._embedding_weight.shape[-1]
 
     @property
     def vocab_size(self) -> int:
-        return self.model.get_input_embeddings().weight.shape[0]
+        return self._embedding_weight.shape[0]
+
+    @property
+    def _embedding_weight(self) -> torch.Tensor:
+        return cast(torch.Tensor, self.model.get_input_embeddings().weight)
 
     @property
     def max_positions(self) -> int | None:
@@ -97,7 +104,7 @@ class BackboneAdapter:
         return getattr(self.config, "max_position_embeddings", None)
 
     def embedding_std(self) -> float:
-        return float(self.model.get_input_embeddings().weight.detach().float().std())
+        return float(self._embedding_weight.detach().float().std())
 
     @property
     def num_layers(self) -> int:
@@ -144,7 +151,8 @@ class BackboneAdapter:
     continues_cache: ClassVar[bool] = True  # a cached call continues exactly where a full read would be
 
     def body_cached(
-        self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any, **kwargs: Any
+        self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any,
+        **kwargs: Any
     ) -> tuple[torch.Tensor, Any]:
         """Run the body on new slots after those in `cache` (None: a fresh window); returns `(hidden, cache)`.
 
@@ -169,10 +177,11 @@ class BackboneAdapter:
         return fam.find_layers(self.body_module, self.num_layers)
 
     @property
-    def decoder_layers(self) -> list[nn.Module]:
+    def decoder_layers(self) -> list[Any]:
         """The decoder layers, in order: the body's module list with one entry per hidden layer."""
         if self._layers is None:
-            raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its body.")
+            raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its "
+                                      "body.")
         return list(self._layers)
 
     @functools.cached_property
@@ -180,7 +189,7 @@ class BackboneAdapter:
         """The family's own RoPE function where it is not Llama's half split (`family.own_rope`)."""
         return fam.own_rope(self.attention_module(self.attention_layers[0]))
 
-    def attention_module(self, layer: int) -> nn.Module | None:
+    def attention_module(self, layer: int) -> Any:
         """Layer `layer`'s self-attention module (None for a layer without one, e.g. an SSM layer of a hybrid)."""
         return fam.find_attention(self.decoder_layers[layer])
 
@@ -211,7 +220,8 @@ class BackboneAdapter:
         if bad:
             raise ValueError(
                 f"{field} must name attention layers of this hybrid '{self.model_type}' backbone, {list(allowed)}; "
-                f"got {bad}, which have no attention (pass the layers explicitly, e.g. {field.split('`')[1]}={list(allowed)})."
+                f"got {bad}, which have no attention (pass the layers explicitly, e.g. "
+                f"{field.split('`')[1]}={list(allowed)})."
             )
 
     def _memory_kwarg_refusal(self) -> str | None:
@@ -258,7 +268,7 @@ class BackboneAdapter:
     # ---- RoPE ------------------------------------------------------------------------------------------------
 
     @property
-    def rope_module(self) -> nn.Module | None:
+    def rope_module(self) -> Any:
         return getattr(self.body_module, "rotary_emb", None)
 
     def _position_embeddings(self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None) -> tuple:
@@ -284,7 +294,7 @@ class BackboneAdapter:
 
     def rotary(
         self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    ) -> tuple[Any, ...] | None:
         """`(cos, sin)` `[B, T, Dr]` of the backbone's RoPE for layer `layer` at `position_ids`; None without RoPE.
 
         Any integer positions, negative ones included (memory keys sit before the window): where the rotary module
@@ -357,14 +367,14 @@ class BackboneAdapter:
             for layer in self.attention_layers:
                 key, value = self._captured_kv(layer, hidden, here)
                 if key.shape[-1] != value.shape[-1] or key.shape[-1] != self.head_dim:
-                    return (f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not share "
-                            f"one head width (multi-head latent attention; head_dim {self.head_dim}), which memory "
-                            "stores both at")
+                    return (f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not "
+                            f"share one head width (multi-head latent attention; head_dim {self.head_dim}), which "
+                            "memory stores both at")
                 rope = self.rotary(here, hidden, layer)
                 if rope is None:
                     continue
                 moved, _ = self._captured_kv(layer, hidden, here + 5)
-                expected = rotate(unrotate(key, *rope), *self.rotary(here + 5, hidden, layer)).float()
+                expected = rotate(unrotate(key, *rope), *(self.rotary(here + 5, hidden, layer) or ())).float()
                 if (expected - moved.float()).abs().max() > tolerance * moved.float().abs().max():
                     return (f"its layer {layer}'s keys at other positions are not its RoPE rotation of the same "
                             "keys (a map after RoPE, such as a norm of the rotated keys), so memory keys cannot be "

@@ -25,7 +25,7 @@ INTERFACE_NAME = "ALL_ATTENTION_FUNCTIONS"  # modeling modules that route attent
 # ---- output path --------------------------------------------------------------------------------------------
 
 
-def scale_input_embeddings(body: nn.Module, embeds: torch.Tensor) -> torch.Tensor:
+def scale_input_embeddings(body: Any, embeds: torch.Tensor) -> torch.Tensor:
     """Embeddings as the body computes them from `input_ids` when it scales them only on that path.
 
     Falcon-H1 multiplies `embed_tokens(input_ids)` by `embedding_multiplier` but takes `inputs_embeds` as given
@@ -175,7 +175,7 @@ def own_rope(attn: nn.Module | None) -> RopeFunction | None:
     return None if torch.allclose(theirs, apply_rope(x, cos, sin)) else rope  # Llama's half split
 
 
-def linear_weights(layer: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def linear_weights(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """`(weight, bias)` a linear layer applies: a plain `nn.Linear`, or one peft wrapped with LoRA (its base weight
     plus the delta of every active, unmerged adapter, through peft's own `get_delta_weight`). None otherwise."""
     if isinstance(layer, nn.Linear):
@@ -191,7 +191,9 @@ def linear_weights(layer: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor 
     return weight, base.bias
 
 
-def query_projection(attn: nn.Module | None, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def query_projection(
+    attn: nn.Module | None, heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """`(W_q [H*D, d], b_q)` of an attention module with a separate or a fused query projection (LoRA included)."""
     if attn is None:
         return None
@@ -224,16 +226,19 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     """Why K/V memory cannot be injected into this family's attention (None: it can).
 
     Memory needs the attention to go through transformers' attention interface (where keys/values are read and
-    memory joins them), and positions it can re-apply: RoPE (any pairing), or learned positions added to the input. ALiBi biases the logits inside the family's own attention by distance, which no memory
+    memory joins them), and positions it can re-apply: RoPE (any pairing), or learned positions added to the input.
+    ALiBi biases the logits inside the family's own attention by distance, which no memory
     key has.
     """
     module = sys.modules.get(type(attn).__module__)
     config = causal_lm.config
     alibi = getattr(config, "alibi", None)  # Falcon: a switch; Bloom: always (its attention takes `alibi`)
     if alibi or (alibi is None and "alibi" in inspect.signature(attn.forward).parameters):
-        return "its ALiBi attention biases logits by token distance inside its own attention code, which memory keys have none of"
+        return ("its ALiBi attention biases logits by token distance inside its own attention code, which memory keys "
+                "have none of")
     if module is None or not hasattr(module, INTERFACE_NAME):
-        return "its attention does not go through transformers' attention interface, where memory keys/values are joined"
+        return ("its attention does not go through transformers' attention interface, where memory keys/values are "
+                "joined")
     if rope is None and getattr(config, "rotary_dim", None):
         return "its RoPE is applied outside a rotary module that memory re-positioning can call"
     return None

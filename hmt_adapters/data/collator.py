@@ -47,11 +47,13 @@ class WindowCollator:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an integer >= 1, got {value!r}.")
         if self.loss_segments is not None and self.segment_length is None:
-            raise ValueError(f"`loss_segments={self.loss_segments}` needs `segment_length` (the model's segment length).")
+            raise ValueError(f"`loss_segments={self.loss_segments}` needs `segment_length` (the model's segment "
+                             "length).")
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ids = [self._row_ids(n, row) for n, row in enumerate(rows)]
-        labels = [torch.as_tensor(row["labels"], dtype=torch.long) if "labels" in row else i for row, i in zip(rows, ids)]
+        labels = [torch.as_tensor(row["labels"], dtype=torch.long) if "labels" in row else i
+                  for row, i in zip(rows, ids)]
         masks = [self._row_mask(n, row, i) for n, (row, i) in enumerate(zip(rows, ids))]
         for n, (i, lab) in enumerate(zip(ids, labels)):
             if lab.shape != i.shape:
@@ -66,13 +68,14 @@ class WindowCollator:
             if self.loss_segments is not None:
                 real = row_mask.nonzero()[:, 0]  # the model's segments count a row's real tokens only
                 batch_labels[n, real[: self._first_target(real.numel())]] = IGNORE_INDEX
-        batch = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
+        batch: dict[str, Any] = {"input_ids": batch_ids, "attention_mask": mask, "labels": batch_labels}
         if self.return_logits is not None:
             batch["return_logits"] = self.return_logits
         return batch
 
     def _first_target(self, length: int) -> int:
         """Index of the first label a row keeps: one past the start of its last `loss_segments` segments."""
+        assert self.loss_segments is not None and self.segment_length is not None  # checked in __post_init__
         segments = -(-length // self.segment_length)
         return max(0, segments - self.loss_segments) * self.segment_length + 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from datasets import Dataset, load_dataset
 
@@ -14,10 +14,11 @@ JSON_SUFFIXES = (".json", ".jsonl")
 
 def _local_files(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str] | None:
     """The files `source` names (a file, a folder of text files, or a list of files); None for a Hub dataset name."""
-    if isinstance(source, (list, tuple)):
+    if not isinstance(source, (str, os.PathLike)):  # a list of files
         paths = [os.fspath(p) for p in source]
     elif os.path.isdir(source):
-        paths = sorted(os.path.join(source, f) for f in os.listdir(source) if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES))
+        paths = sorted(os.path.join(source, f)
+                       for f in os.listdir(source) if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES))
         if not paths:
             raise ValueError(f"The folder {os.fspath(source)!r} holds no {TEXT_SUFFIXES + JSON_SUFFIXES} files.")
     elif os.path.exists(source) or os.path.splitext(os.fspath(source))[1] in TEXT_SUFFIXES + JSON_SUFFIXES:
@@ -37,14 +38,15 @@ def load_documents(
     split: str = "train",
     **load_kwargs: Any,
 ) -> Dataset:
-    """Load documents: `.txt`/`.md` files (one document per file), `.json`/`.jsonl` files (one per row) or a Hub dataset.
+    """Load documents: `.txt`/`.md` files (one document per file), `.json`/`.jsonl` files (one per row) or a Hub
+    dataset.
 
     The result has a `text` column (renamed from `text_column`) and, for text files, a `title` column (the file name).
     `load_kwargs` go to `datasets.load_dataset` (e.g. `name=` for a dataset configuration).
     """
     paths = _local_files(source)
     if paths is None:
-        documents = load_dataset(os.fspath(source), split=split, **load_kwargs)
+        documents = load_dataset(os.fspath(cast("str | os.PathLike", source)), split=split, **load_kwargs)
     else:
         kinds = {p.endswith(JSON_SUFFIXES) for p in paths}
         if len(kinds) > 1:

@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 def tokenize_documents(
     documents: Dataset, tokenizer: Any, *, text_column: str = "text", add_eos: bool = True, num_proc: int | None = None
 ) -> Dataset:
-    """Add `input_ids` (one list per document, an EOS token appended) and drop the text; an empty document is an error."""
+    """Add `input_ids` (one list per document, an EOS token appended) and drop the text; an empty document is an
+    error."""
     if text_column not in documents.column_names:
         raise ValueError(f"The documents have no column {text_column!r}; columns: {documents.column_names}.")
     eos = [tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else []
@@ -41,7 +42,8 @@ def tokenize_documents(
 
 def _check_window_args(segment_length: int, n_segments: int, min_segments: int, stride: int) -> None:
     for name, value in (
-        ("segment_length", segment_length), ("n_segments", n_segments), ("min_segments", min_segments), ("stride", stride)
+        ("segment_length", segment_length), ("n_segments", n_segments), ("min_segments", min_segments),
+        ("stride", stride)
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
@@ -81,7 +83,8 @@ def make_windows(
     _check_window_args(segment_length, n_segments, min_segments, stride)
     if "input_ids" not in tokenized.column_names:
         raise ValueError(
-            f"The dataset has no `input_ids` column (columns: {tokenized.column_names}); run `tokenize_documents` first."
+            f"The dataset has no `input_ids` column (columns: {tokenized.column_names}); run `tokenize_documents` "
+            "first."
         )
     window, shortest = segment_length * n_segments, segment_length * min_segments
 
@@ -93,7 +96,8 @@ def make_windows(
             spans = _window_spans(len(flat), window, stride)
             pieces = [(indices[bisect.bisect_right(ends, s)], flat[s:e]) for s, e in spans]
         else:
-            pieces = [(i, ids[s:e]) for i, ids in zip(indices, docs) for s, e in _window_spans(len(ids), window, stride)]
+            pieces = [(i, ids[s:e]) for i, ids in zip(indices, docs)
+                      for s, e in _window_spans(len(ids), window, stride)]
         kept = [(i, w) for i, w in pieces if len(w) >= shortest]
         return {"input_ids": [w for _, w in kept], "document": [i for i, _ in kept]}
 
@@ -109,7 +113,8 @@ def make_windows(
             f"No window of at least {min_segments} x {segment_length} tokens: every document is shorter "
             f"(longest has {max((len(r) for r in tokenized['input_ids']), default=0)} tokens)."
         )
-    logger.info("%d documents -> %d windows of up to %d tokens, stride %d", len(tokenized), len(windows), window, stride)
+    logger.info("%d documents -> %d windows of up to %d tokens, stride %d", len(tokenized), len(windows), window,
+                stride)
     return windows
 
 
@@ -137,5 +142,6 @@ def depth_summary(windows: Dataset, segment_length: int, n_segments: int) -> Dep
     if not depths:
         raise ValueError("No windows to summarise.")
     return DepthSummary(
-        n_segments, len(depths), min(depths), statistics.median(depths), max(depths), sum(d < n_segments for d in depths)
+        n_segments, len(depths), min(depths), statistics.median(depths), max(depths),
+        sum(d < n_segments for d in depths)
     )

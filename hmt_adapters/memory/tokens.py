@@ -10,7 +10,8 @@ from ..method import Layout, State
 
 
 def learned_tokens(count: int, dim: int, std: float) -> nn.Parameter:
-    """`[count, dim]` trainable embeddings at the scale of the backbone's token embeddings (HMT spec §3.1)."""
+    """`[count, dim]` trainable embeddings at the scale of the backbone's token embeddings (a choice the HMT paper
+    leaves open)."""
     return nn.Parameter(torch.randn(count, dim) * std)
 
 

@@ -1,6 +1,7 @@
 """Generation with memory through transformers' own `generate`.
 
-`MemoryGenerationCache` is the cache (`past_key_values` before transformers 5.24) HF generate carries from step to step. It holds the memory state of
+`MemoryGenerationCache` is the cache (`past_key_values` before transformers 5.24) HF generate carries from step to
+step. It holds the memory state of
 the closed segments and the backbone's own cache of the open segment, so decoding reads one token per step inside
 the open segment; when a segment fills up it is folded into memory with the exact training-time segment step and a
 new segment opens. Prompts of any length are read segment by segment, a bounded number at a time, each row from its
@@ -108,15 +109,17 @@ class MemoryGenerationCache:
 
     is_croppable = False  # HF generate capabilities: no rollback, no torch.compile of the decode step
     is_compileable = False
-    # Not a linear (state-space) cache: generate slices the prompt by `get_seq_length` (read from transformers 5.24 on).
+    # Not a linear (state-space) cache: generate slices the prompt by `get_seq_length` (read from transformers
+    # 5.24 on).
     is_linear = (False,)
 
-    def __init__(self, model: "MemoryModel", state: MemoryState):
+    def __init__(self, model: MemoryModel, state: MemoryState):
         self.model = model
         self.batch_size = state.batch_size
         start = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
         group = RowGroup(model, start, torch.arange(self.batch_size, device=_device(state)))
         if state.pending_length:  # tokens a `step` left in an open segment: read again with the prompt
+            assert state.pending_ids is not None and state.pending_mask is not None
             group.unread = (state.pending_ids, state.pending_mask.long())
         else:
             empty = torch.zeros(self.batch_size, 0, dtype=torch.long, device=group.rows.device)
@@ -133,7 +136,8 @@ class MemoryGenerationCache:
         parts = [(g.rows, g.state) for g in self.groups]
         tensors = merge_rows(parts, self.batch_size)
         first = self.groups[0].state
-        state = MemoryState(first.method, tensors, max(g.state.segments_seen for g in self.groups), extras=dict(first.extras))
+        state = MemoryState(first.method, tensors, max(g.state.segments_seen for g in self.groups),
+                            extras=dict(first.extras))
         opened = [(g.rows, *g.open_tokens()) for g in self.groups]
         width = max(int(mask.sum(1).max()) if mask.numel() else 0 for _, _, mask in opened)
         if width:
@@ -153,9 +157,11 @@ class MemoryGenerationCache:
 
     @torch.no_grad()
     def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Read new tokens `[B, n]` (mask 0: padding, skipped); returns the logits of each row's last token `[B, 1, V]`."""
+        """Read new tokens `[B, n]` (mask 0: padding, skipped); returns the logits of each row's last token
+        `[B, 1, V]`."""
         self.tokens_read += ids.shape[1]
-        groups, outputs = [], []
+        groups: list[RowGroup] = []
+        outputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         for group in self.groups:
             rows_ids, rows_mask = ids[group.rows], mask[group.rows]
             if group.unread is None and bool(rows_mask.bool().all()):  # aligned rows: extend the open segment
@@ -175,7 +181,9 @@ class MemoryGenerationCache:
             out[rows] = logits
         return out
 
-    def _regroup(self, group: "RowGroup", ids: torch.Tensor, mask: torch.Tensor) -> list[tuple["RowGroup", torch.Tensor | None]]:
+    def _regroup(
+        self, group: RowGroup, ids: torch.Tensor, mask: torch.Tensor
+    ) -> list[tuple[RowGroup, torch.Tensor | None]]:
         """Read `group`'s open tokens again with the new ones, splitting its rows by where their segments close."""
         before_ids, before_mask = group.open_tokens()
         packing = Packing.of(torch.cat([before_mask.long(), mask.long()], dim=1))
@@ -231,7 +239,7 @@ def _device(state: MemoryState) -> torch.device:
 class RowGroup:
     """Rows whose segments close at the same decoding step: their memory state and the open segment's cache."""
 
-    def __init__(self, model: "MemoryModel", state: MemoryState, rows: torch.Tensor):
+    def __init__(self, model: MemoryModel, state: MemoryState, rows: torch.Tensor):
         self.model = model
         self.state = state
         self.rows = rows  # [g] the group's rows in the batch
@@ -251,7 +259,7 @@ class RowGroup:
         empty = torch.zeros(len(self.rows), 0, dtype=torch.long, device=self.rows.device)
         return empty, empty
 
-    def select(self, local: torch.Tensor, rows: torch.Tensor) -> "RowGroup":
+    def select(self, local: torch.Tensor, rows: torch.Tensor) -> RowGroup:
         """A group of rows `rows` whose row j continues this group's row `local[j]`; its open segment is read again."""
         ids, mask = self.open_tokens()
         group = RowGroup(self.model, select_rows(self.state, local), rows)
@@ -281,13 +289,15 @@ class RowGroup:
         step = PREFILL_SEGMENTS * self.segment_length
         for start in range(0, ids.shape[1], step):
             end = start + step
-            self.state = self.model.runtime.run(ids[:, start:end], mask[:, start:end], None, self.state, keep_logits=False).state
+            self.state = self.model.runtime.run(ids[:, start:end], mask[:, start:end], None, self.state,
+                                                keep_logits=False).state
 
     def _fold_last(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Close one full segment and return its last logits (the prediction of the next segment's first token)."""
         self.open = None
         result = self.model.runtime.run(ids, mask, None, self.state)
         self.state = result.state
+        assert result.logits is not None
         return result.logits[:, -1:]
 
     # ---- the open segment ------------------------------------------------------------------------------------
@@ -301,6 +311,7 @@ class RowGroup:
         adapter = self.model.adapter
         if not adapter.continues_cache or (new > 1 and not adapter.continues_multi_token):
             return False
+        assert self.open is not None
         return self.open.prepared_with >= self.model.memory.layout_fixed_after()
 
     def _extend(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,7 @@ class ActivationOffload:
         device, host = packed
         return host.to(device, non_blocking=True)
 
-    def __enter__(self) -> "ActivationOffload":
+    def __enter__(self) -> ActivationOffload:
         self._hooks.__enter__()
         return self
 

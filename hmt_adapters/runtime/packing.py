@@ -8,20 +8,22 @@ afterwards. Padding may sit anywhere in a row (left, right, or between tokens); 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 
 @dataclass
 class Packing:
-    """How a `[B, T]` batch maps to its packed `[B, width]` layout (row i's real tokens in columns `[0, counts[i])`)."""
+    """How a `[B, T]` batch maps to its packed `[B, width]` layout (row i's real tokens in columns
+    `[0, counts[i])`)."""
 
     mask: torch.Tensor  # [B, T] caller mask (1 = real token)
     counts: torch.Tensor  # [B] real tokens per row
     order: torch.Tensor | None  # [B, width] caller column of each packed column; None: no padding at all
 
     @classmethod
-    def of(cls, mask: torch.Tensor) -> "Packing":
+    def of(cls, mask: torch.Tensor) -> Packing:
         mask = mask.long()
         counts = mask.sum(1)
         if bool((counts == mask.shape[1]).all()):
@@ -63,11 +65,13 @@ def columns_below(counts: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def shift_columns(x: torch.Tensor, start: torch.Tensor, width: int, fill: int | float = 0) -> torch.Tensor:
-    """`[B, width, ...]`: row i's columns `[start[i], start[i] + width)` of `x` (outside `x`, before or past it: `fill`)."""
+    """`[B, width, ...]`: row i's columns `[start[i], start[i] + width)` of `x` (outside `x`, before or past it:
+    `fill`)."""
     cols = start[:, None] + torch.arange(width, device=x.device)[None, :]
     inside = (cols >= 0) & (cols < x.shape[1])
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    out = x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))] if x.shape[1] else x.new_full((x.shape[0], width, *x.shape[2:]), fill)
+    out = (x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))] if x.shape[1]
+           else x.new_full((x.shape[0], width, *x.shape[2:]), fill))
     keep = inside.view(*inside.shape, *([1] * (x.dim() - 2)))
     return torch.where(keep, out, torch.full_like(out, fill))
 

@@ -51,7 +51,9 @@ def supervised_segments(targets: torch.Tensor | None, spans: list[tuple[int, int
     return (hits[ends] > hits[starts]).tolist()
 
 
-def resolve_keep_logits(return_logits: bool | None, training: bool, has_labels: bool, num_items_in_batch: object) -> bool:
+def resolve_keep_logits(
+    return_logits: bool | None, training: bool, has_labels: bool, num_items_in_batch: object
+) -> bool:
     """`return_logits=None`: keep logits except in a trainer's training step, which reads only the loss.
 
     A training step is recognised by what the HF `Trainer` passes there: labels and `num_items_in_batch`, in train
@@ -152,7 +154,7 @@ class SegmentRuntime:
             closes = close_last or (e - s) == length
             if cfg.bptt_depth is not None and index > 0 and index % cfg.bptt_depth == 0:
                 tensors = {k: v.detach() for k, v in tensors.items()}
-            seg_targets = targets[:, s:e] if supervised[n] else None
+            seg_targets = targets[:, s:e] if targets is not None and supervised[n] else None
             args = (
                 input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits,
                 keep_hidden,
@@ -214,7 +216,9 @@ class SegmentRuntime:
             ce, count = hidden.new_zeros((), dtype=torch.float32), ids.new_zeros(())
         else:
             flat = targets.reshape(-1)
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX, reduction="sum")
+            assert logits is not None  # computed above whenever there are targets
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX,
+                                 reduction="sum")
             count = (flat != IGNORE_INDEX).sum()
         new = tensors
         if self.memory_enabled and closes:
@@ -228,12 +232,13 @@ class SegmentRuntime:
 
         `suffix=False` leaves the suffix out (an open segment during generation gets it only when it closes).
         """
+        assert segment.embeds is not None  # set for every segment that is read
         parts = [segment.embeds]
         masks = [segment.mask]
-        if layout.prefix is not None:
+        if layout.prefix is not None and layout.prefix_mask is not None:
             parts.insert(0, layout.prefix.to(segment.embeds.dtype))
             masks.insert(0, layout.prefix_mask.to(segment.mask.dtype))
-        if suffix and layout.suffix is not None:
+        if suffix and layout.suffix is not None and layout.suffix_mask is not None:
             parts.append(layout.suffix.to(segment.embeds.dtype))
             masks.append(layout.suffix_mask.to(segment.mask.dtype))
         window = torch.cat(parts, dim=1)

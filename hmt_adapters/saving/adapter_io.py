@@ -88,7 +88,7 @@ def backbone_facts(adapter: BackboneAdapter) -> dict[str, Any]:
     }
 
 
-def base_metadata(model: "MemoryModel") -> dict[str, Any]:
+def base_metadata(model: MemoryModel) -> dict[str, Any]:
     """The metadata `save_pretrained` writes beside the config fields (see `config.METADATA_KEYS`)."""
     name = getattr(model.adapter.config, "_name_or_path", "") or None
     return {
@@ -99,8 +99,11 @@ def base_metadata(model: "MemoryModel") -> dict[str, Any]:
     }
 
 
-def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes one)."""
+def memory_state_dict(
+    model: MemoryModel, state_dict: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes
+    one)."""
     if state_dict is None:
         return {k: v.detach() for k, v in model.memory.state_dict().items()}
     prefix = checkpoint.MEMORY_PREFIX
@@ -110,7 +113,7 @@ def memory_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor] 
 # ---- saving ----------------------------------------------------------------------------------------------------
 
 
-def _write_files(model: "MemoryModel", folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
+def _write_files(model: MemoryModel, folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
     weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
     save_file(
         weights, os.path.join(folder, WEIGHTS_NAME),
@@ -251,7 +254,7 @@ def _remove_leftovers(parent: str, prefix: str, keep: str) -> None:
 
 
 def save_adapter(
-    model: "MemoryModel",
+    model: MemoryModel,
     directory: str | os.PathLike,
     state_dict: dict[str, torch.Tensor] | None = None,
     is_main_process: bool = True,
@@ -399,18 +402,20 @@ def load_tokenizer(folder: str, source: str) -> Any:
 
 
 def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> torch.nn.Module:
-    """`base_model` with the peft adapter saved in `folder`: wrapped by peft, or loaded into its existing adapter layers."""
+    """`base_model` with the peft adapter saved in `folder`: wrapped by peft, or loaded into its existing adapter
+    layers."""
     from peft import PeftModel, set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
     if not any(os.path.isfile(os.path.join(folder, n)) for n in (LORA_WEIGHTS_NAME, LORA_BIN_NAME)):
-        raise FileNotFoundError(f"{folder} has {LORA_CONFIG_NAME} but no {LORA_WEIGHTS_NAME}: the peft adapter is incomplete.")
+        raise FileNotFoundError(f"{folder} has {LORA_CONFIG_NAME} but no {LORA_WEIGHTS_NAME}: the peft adapter is "
+                                "incomplete.")
     check_finite(load_peft_weights(folder, device="cpu"), f"The peft weights in {folder}")
     if not is_peft(base_model):
         with peft_on_transformers5():
             config = _read_peft_config(folder, is_trainable)
             return PeftModel.from_pretrained(base_model, folder, config=config, is_trainable=is_trainable)
-    result = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
+    result: Any = set_peft_model_state_dict(base_model, load_peft_weights(folder, device="cpu"))
     if result.unexpected_keys:
         raise ValueError(
             f"The peft weights in {folder} do not fit the LoRA layers of the given backbone "
@@ -420,7 +425,7 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
 
 
 def load_adapter(
-    cls: type["MemoryModel"],
+    cls: type[MemoryModel],
     base_model: torch.nn.Module,
     path_or_id: str | os.PathLike,
     is_trainable: bool = False,
@@ -456,7 +461,7 @@ def load_adapter(
 
 
 def _load_memory_weights(
-    model: "MemoryModel",
+    model: MemoryModel,
     weights: dict[str, torch.Tensor],
     source: str,
     overridden: dict[str, tuple[Any, Any]],

@@ -24,20 +24,21 @@ MEMORY_PREFIX = "memory."
 TRAINER_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
 
 
-def trainable_keys(model: "MemoryModel") -> set[str]:
+def trainable_keys(model: MemoryModel) -> set[str]:
     """State-dict keys a checkpoint must hold: every `memory.*` entry and every trainable backbone parameter."""
     keys = {k for k in model.state_dict(keep_vars=True) if k.startswith(MEMORY_PREFIX)}
     keys.update(f"{model.base_model_prefix}.{n}" for n, p in model.backbone.named_parameters() if p.requires_grad)
     return keys
 
 
-def frozen_keys(model: "MemoryModel") -> set[str]:
+def frozen_keys(model: MemoryModel) -> set[str]:
     """State-dict keys of the frozen backbone: never written to a checkpoint, so never missing from one."""
     return set(model.state_dict(keep_vars=True)) - trainable_keys(model)
 
 
-def check_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor]) -> None:
-    """Raise a `ValueError` when a state dict holding memory weights was written for another method, config or backbone.
+def check_state_dict(model: MemoryModel, state_dict: dict[str, torch.Tensor]) -> None:
+    """Raise a `ValueError` when a state dict holding memory weights was written for another method, config or
+    backbone.
 
     A state dict without any `memory.*` key is left to the caller (it is backbone weights, not a memory checkpoint).
     """
@@ -51,12 +52,14 @@ def check_state_dict(model: "MemoryModel", state_dict: dict[str, torch.Tensor]) 
             f"This checkpoint does not fit the '{model.method}' model: it lacks {missing or 'nothing'} and holds "
             f"unknown weights {unexpected or 'none'}. It was written for another memory method, config or LoRA setup "
             "(a stage-1 HMT checkpoint has no retrieval weights: start stage 2 with "
-            "`MemoryModel.from_pretrained(base, stage1_dir, is_trainable=True, use_retrieval=True)`, not `resume_from_checkpoint`)."
+            "`MemoryModel.from_pretrained(base, stage1_dir, is_trainable=True, use_retrieval=True)`, not "
+            "`resume_from_checkpoint`)."
         )
     for key, value in state_dict.items():
         if tuple(value.shape) != tuple(own[key].shape):
             raise ValueError(
-                f"Checkpoint weight {key!r} has shape {tuple(value.shape)} but this model's has {tuple(own[key].shape)}: "
+                f"Checkpoint weight {key!r} has shape {tuple(value.shape)} but this model's has "
+                f"{tuple(own[key].shape)}: "
                 f"the checkpoint was written for another backbone (this one is '{model.adapter.model_type}' with "
                 f"embedding width {model.adapter.embed_dim})."
             )
@@ -68,9 +71,10 @@ def is_trainer_checkpoint(directory: str | os.PathLike) -> bool:
 
 
 def save_trainer_weights(
-    model: "MemoryModel", directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None
+    model: MemoryModel, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None
 ) -> str:
-    """Write the trainable state under the model's own key names to `model.safetensors`, the file `Trainer` resumes from."""
+    """Write the trainable state under the model's own key names to `model.safetensors`, the file `Trainer` resumes
+    from."""
     source = model.state_dict() if state_dict is None else state_dict
     keys = trainable_keys(model)
     weights = {k: v.detach().contiguous().cpu() for k, v in source.items() if k in keys}

@@ -52,7 +52,9 @@ class RecallTask:
         return {"input_ids": ids, "labels": labels}
 
     @torch.no_grad()
-    def accuracy(self, model: torch.nn.Module, gap: int, batch_size: int = 256, seed: int = 1234) -> tuple[float, float]:
+    def accuracy(
+        self, model: torch.nn.Module, gap: int, batch_size: int = 256, seed: int = 1234
+    ) -> tuple[float, float]:
         """(per-digit accuracy, exact-key accuracy) of greedy answers on a fixed evaluation batch."""
         was_training = model.training
         model.eval()

@@ -34,7 +34,9 @@ def corpus_nll(
     return total, count
 
 
-def perplexity(model: MemoryModel, windows: Sequence[Sequence[int]], batch_size: int = 1, progress: bool = False) -> float:
+def perplexity(
+    model: MemoryModel, windows: Sequence[Sequence[int]], batch_size: int = 1, progress: bool = False
+) -> float:
     """Corpus perplexity exp(total NLL / total predicted tokens) over `windows`."""
     total, count = corpus_nll(model, windows, batch_size, progress)
     return math.exp(total / count)
@@ -52,12 +54,13 @@ def token_nll(model: MemoryModel, ids: torch.Tensor) -> torch.Tensor:
     for start in range(0, ids.numel(), length):
         chunk = ids[start : start + length].to(device)[None]
         out, state = model.step(chunk, state)
+        assert out.logits is not None
         logits = out.logits[0].float()
         if previous is not None:
             losses.append(F.cross_entropy(previous[None], chunk[0, :1]))
         losses.append(F.cross_entropy(logits[:-1], chunk[0, 1:], reduction="none"))
         previous = logits[-1]
-    return torch.cat([l.reshape(-1) for l in losses]).cpu()
+    return torch.cat([loss.reshape(-1) for loss in losses]).cpu()
 
 
 @torch.no_grad()
@@ -85,5 +88,6 @@ def perplexity_by_length(nll: torch.Tensor, lengths: Sequence[int]) -> dict[str,
     out = {}
     for c in lengths:
         if nll.numel() >= c - 1:
-            out[str(c)] = {"bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())), "prefix": math.exp(float(nll[: c - 1].mean()))}
+            out[str(c)] = {"bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())),
+                           "prefix": math.exp(float(nll[: c - 1].mean()))}
     return out

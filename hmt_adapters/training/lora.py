@@ -21,9 +21,10 @@ DEFAULT_DROPOUT = 0.1
 
 
 def lora_target_modules(model: nn.Module) -> list[str]:
-    """peft's default LoRA targets for `model`'s architecture (e.g. `q_proj`, `v_proj` for Llama, `c_attn` for GPT-2)."""
+    """peft's default LoRA targets for `model`'s architecture (e.g. `q_proj`, `v_proj` for Llama, `c_attn` for
+    GPT-2)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
+    targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type or "")
     if not targets:
         linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(

@@ -56,11 +56,13 @@ class Stage:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Stage `{key}` must be an integer >= 1, got {value!r}.")
         if self.min_segments > self.n_segments:
-            raise ValueError(f"Stage `min_segments` must be in [1, n_segments={self.n_segments}], got {self.min_segments}.")
+            raise ValueError(f"Stage `min_segments` must be in [1, n_segments={self.n_segments}], got "
+                             f"{self.min_segments}.")
 
 
 def hmt_stages(stage1_steps: int, stage2_steps: int, stage2_segments: int = 15, min_segments: int = 1) -> list[Stage]:
-    """HMT's recipe: stage 1 without retrieval over 2 segments, stage 2 with retrieval over `stage2_segments` (15 in App. F).
+    """HMT's recipe: stage 1 without retrieval over 2 segments, stage 2 with retrieval over `stage2_segments` (15 in
+    App. F).
 
     `min_segments` applies to both stages, capped at stage 1's 2 segments (pass `stage2_segments` for full depth).
     """
@@ -71,17 +73,20 @@ def hmt_stages(stage1_steps: int, stage2_steps: int, stage2_segments: int = 15, 
 
 
 def segment_curriculum(levels: Sequence[int], steps_per_level: int, **config: Any) -> list[Stage]:
-    """One stage per segment count, e.g. `levels=(2, 4, 8)` (the HMT reference's curriculum); `config` applies to the first."""
+    """One stage per segment count, e.g. `levels=(2, 4, 8)` (the HMT reference's curriculum); `config` applies to the
+    first."""
     if not levels or list(levels) != sorted(levels):
         raise ValueError(f"`levels` must be a non-empty increasing list of segment counts, got {list(levels)!r}.")
-    return [Stage(n, steps_per_level, name=f"level{i + 1}-{n}seg", config=config if i == 0 else {}) for i, n in enumerate(levels)]
+    return [Stage(n, steps_per_level, name=f"level{i + 1}-{n}seg", config=config if i == 0 else {})
+            for i, n in enumerate(levels)]
 
 
 def _check_first_stage(model: MemoryModel, stage: Stage) -> None:
     config = model.memory_config
     unknown = sorted(set(stage.config) - set(config.field_names()))
     if unknown:
-        raise ValueError(f"Stage '{stage.name}' changes unknown config fields {unknown}; valid: {sorted(config.field_names())}.")
+        raise ValueError(f"Stage '{stage.name}' changes unknown config fields {unknown}; valid: "
+                         f"{sorted(config.field_names())}.")
     differ = {k: v for k, v in stage.config.items() if getattr(config, k) != v}
     if differ:
         raise ValueError(
@@ -111,7 +116,8 @@ def train_stages(
     loss_segments: int | None = None,
     stride_segments: int | None = None,
 ) -> MemoryModel:
-    """Train `model` through `stages` and return the last stage's model; each stage's adapter lands in `output_dir/<name>`.
+    """Train `model` through `stages` and return the last stage's model; each stage's adapter lands in
+    `output_dir/<name>`.
 
     `train_documents`/`eval_documents` are tokenized documents (an `input_ids` list per document, see
     `hmt_adapters.data.tokenize_documents`); each stage cuts them into windows of its own length. `training_args`
@@ -123,7 +129,8 @@ def train_stages(
         raise ValueError("`stages` is empty; pass at least one Stage (see `hmt_stages`, `segment_curriculum`).")
     shortest = min(s.n_segments for s in stages)
     if stride_segments is not None and (
-        isinstance(stride_segments, bool) or not isinstance(stride_segments, int) or not 1 <= stride_segments <= shortest
+        isinstance(stride_segments, bool) or not isinstance(stride_segments, int)
+        or not 1 <= stride_segments <= shortest
     ):
         raise ValueError(
             f"`stride_segments` must be None or an integer in [1, {shortest}] (the shortest stage's window: a longer "
@@ -137,7 +144,8 @@ def train_stages(
     ds_config = deepspeed_config(deepspeed) if deepspeed is not None else None
     segment_length = model.memory_config.segment_length
     collator = WindowCollator(
-        pad_token_id=pad_token_id, min_length=segment_length, loss_segments=loss_segments, segment_length=segment_length
+        pad_token_id=pad_token_id, min_length=segment_length, loss_segments=loss_segments,
+        segment_length=segment_length
     )
     previous_dir = None
     for index, stage in enumerate(stages):
@@ -148,7 +156,7 @@ def train_stages(
                 model.backbone, previous_dir, is_trainable=True, inplace=True, **{**switches, **stage.config}
             )
         stage_dir = os.path.join(output_dir, stage.name)
-        windows = dict(
+        windows: dict[str, Any] = dict(
             segment_length=segment_length, n_segments=stage.n_segments, min_segments=stage.min_segments,
             stride=None if stride_segments is None else stride_segments * segment_length,
         )

@@ -39,5 +39,5 @@ class MemoryTrainer(Trainer):
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         if not self.is_deepspeed_enabled:
             return super()._save_optimizer_and_scheduler(output_dir)
-        with _adapter_only_checkpoints(self.model_wrapped, trainable_keys(self.model)):
+        with _adapter_only_checkpoints(self.model_wrapped, trainable_keys(self.model)):  # type: ignore[arg-type]
             super()._save_optimizer_and_scheduler(output_dir)

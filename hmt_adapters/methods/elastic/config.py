@@ -20,7 +20,7 @@ class ElasticMemoryConfig(MemoryConfig):
             values. 540 is the paper's "1x" memory (1080..8640 for 2x..16x, Table 3).
         memory_tokens (`int`, *optional*):
             `L_mem`, memory tokens reconstructed per segment; `None` means `hippo_order` (not in the paper: a square
-            readout keeps every coefficient, more points add no information; spec §1.4).
+            readout keeps every coefficient, more points add no information).
         memory_layers (`list[int]`, *optional*):
             0-based decoder layers with elastic memory; `None` means one layer at 3/4 depth (layer
             `ceil(3n/4) - 1`: the 9th of 12, like the paper's).
@@ -30,7 +30,7 @@ class ElasticMemoryConfig(MemoryConfig):
             sampling=...)` or `model.memory.set_sampling(...)`): the paper's "uni-exp" and "exp-uni" (Table 5).
         exp_alpha (`float`, *optional*):
             Fixed decay `alpha` in (0, 1) of exponential sampling; `None` chooses it per segment so that the newest
-            sample lies `max(1, t/N)` tokens before the present (not in the paper; spec §1.4).
+            sample lies `max(1, t/N)` tokens before the present (not in the paper; docs/elastic_memory.md).
         matrix_cache_mb (`int`, defaults to 64):
             MiB kept of the fixed block and readout matrices (the paper's precomputed bank). Training revisits the
             same positions and reuses them; a stream never does, so this bounds its memory. 0 rebuilds every
@@ -41,17 +41,22 @@ class ElasticMemoryConfig(MemoryConfig):
 
     hippo_order: int = field(default=540, metadata={"help": "HiPPO order N (Legendre coefficients).", "min": 1})
     memory_tokens: int | None = field(
-        default=None, metadata={"help": "Memory tokens L_mem per segment (None = hippo_order).", "min": 1, "nullable": True}
+        default=None,
+        metadata={"help": "Memory tokens L_mem per segment (None = hippo_order).", "min": 1, "nullable": True}
     )
     memory_layers: tuple[int, ...] | None = field(
         default=None,
-        metadata={"help": "Decoder layers with memory (None = one layer at 3/4 depth).", "type": tuple, "min": 0, "nullable": True},
+        metadata={"help": "Decoder layers with memory (None = one layer at 3/4 depth).", "type": tuple, "min": 0,
+                  "nullable": True},
     )
     sampling: str = field(default="uniform", metadata={"help": "Polynomial sampling strategy.", "choices": STRATEGIES})
     exp_alpha: float | None = field(
-        default=None, metadata={"help": "Exponential sampling decay in (0, 1) (None = per segment).", "type": float, "nullable": True}
+        default=None,
+        metadata={"help": "Exponential sampling decay in (0, 1) (None = per segment).", "type": float,
+                  "nullable": True}
     )
-    matrix_cache_mb: int = field(default=64, metadata={"help": "MiB of fixed HiPPO matrices kept for reuse.", "min": 0})
+    matrix_cache_mb: int = field(default=64,
+                                 metadata={"help": "MiB of fixed HiPPO matrices kept for reuse.", "min": 0})
 
     def validate(self) -> None:
         super().validate()

@@ -2,7 +2,7 @@
 live in a HiPPO-LegS state `[B, Hkv, N, D]`; each segment reads `L_mem` memory tokens out of it by polynomial
 sampling and prepends them, un-rotated, to the layer's keys/values (one joint softmax, trapezoidal mask).
 
-Choices where the paper is silent (spec §1.5, §2, §7):
+Choices where the paper is silent (docs/elastic_memory.md):
 - The state is read with the reconstruction whose horizon is the number of tokens folded into it (the paper's
   Eq. 6 / Alg. 1 indices disagree by one block).
 - Padding: a token with mask 0 is not a time step. It neither enters the compression nor advances the row's clock,
@@ -41,6 +41,7 @@ class ElasticMemory(MemoryMethod):
     """HiPPO-compressed keys/values of past segments, read back as memory tokens in the chosen layer(s)."""
 
     config_class = ElasticMemoryConfig
+    config: ElasticMemoryConfig
     needs_attention = True
 
     def __init__(self, config: ElasticMemoryConfig, backbone):

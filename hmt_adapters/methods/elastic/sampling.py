@@ -1,7 +1,8 @@
 """Polynomial sampling: where a HiPPO state is read (Elastic Memory Sec. 2.3, App. E.4).
 
 A state that holds `t` tokens is a polynomial over `[0, t]`; `L_mem` points `x_j` in that interval become the
-memory tokens. The paper leaves `L_mem` and the exponential `alpha` open; the defaults here are the spec's (§1.4).
+memory tokens. The paper leaves `L_mem` and the exponential `alpha` open; the defaults here are ours
+(docs/elastic_memory.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ STRATEGIES = ("uniform", "exponential")
 
 def exponential_alpha(t: int, count: int, order: int) -> float:
     """The per-block `alpha` that puts the newest sample one resolution cell (`max(1, t/N)` tokens) before the
-    present: `t * alpha^(count-1) = max(1, t/N)` (spec §1.4; a fixed `alpha` piles samples next to `t`)."""
+    present: `t * alpha^(count-1) = max(1, t/N)` (not in the paper, docs/elastic_memory.md; a fixed `alpha` piles
+    samples next to `t`)."""
     return (max(1.0, t / order) / t) ** (1.0 / (count - 1))
 
 

@@ -1,6 +1,6 @@
 """HMT: `[P ; sensory ; segment ; P]` per segment, P retrieved from cached memory embeddings (input level).
 
-Per segment n (HMT §3, spec §2):
+Per segment n (HMT §3.1-3.3, Eqs. 1-5):
 1. representation encoding: `S_n` = backbone output at the trailing T of `[T ; j query tokens ; T]`;
 2. memory search: `P_n = softmax(S_n W_q (C W_k)^T / sqrt(d_h)) C` over the last N memory embeddings C;
 3. the main pass over `[P_n ; E(last k tokens of n-1) ; E(x_n) ; P_n]`;
@@ -23,6 +23,7 @@ class HMT(MemoryMethod):
     """Hierarchical Memory Transformer over any backbone that takes `inputs_embeds`."""
 
     config_class = HMTConfig
+    config: HMTConfig
 
     def __init__(self, config: HMTConfig, backbone):
         super().__init__(config, backbone)
@@ -80,12 +81,12 @@ class HMT(MemoryMethod):
     def _summaries(self, sources: list[tuple[torch.Tensor, torch.Tensor] | None]) -> list[torch.Tensor | None]:
         out: list[torch.Tensor | None] = [None] * len(sources)
         by_width: dict[int, list[int]] = {}
-        for n, src in enumerate(sources):
-            if src is not None and src[0].shape[1] > 0:
-                by_width.setdefault(src[0].shape[1], []).append(n)
+        present = {n: src for n, src in enumerate(sources) if src is not None and src[0].shape[1] > 0}
+        for n, src in present.items():
+            by_width.setdefault(src[0].shape[1], []).append(n)
         for group in by_width.values():
-            ids = torch.cat([sources[n][0] for n in group])  # [G*B, w]
-            mask = torch.cat([sources[n][1] for n in group])
+            ids = torch.cat([present[n][0] for n in group])  # [G*B, w]
+            mask = torch.cat([present[n][1] for n in group])
             prompt = self.summary_prompt.to(self.backbone.model.dtype).unsqueeze(0).expand(ids.shape[0], -1, -1)
             ones = mask.new_ones(ids.shape[0], 1)
             window = torch.cat([prompt, self.backbone.embed(ids), prompt], dim=1)  # [T ; tokens ; T]
@@ -106,15 +107,17 @@ class HMT(MemoryMethod):
         else:
             prompt = newest_or_init(cache, valid, self.memory_init, 1)  # stage 1: P_n = M_{n-1}
         k = self.config.sensory_length
-        sens_ids, sens_mask = trim_empty_columns(state["tail_ids"][:, -k:], state["tail_mask"][:, -k:]) if k else (None, None)
+        sens_ids, sens_mask = (trim_empty_columns(state["tail_ids"][:, -k:], state["tail_mask"][:, -k:]) if k
+                               else (None, None))
         ones = segment.mask.new_ones(prompt.shape[0], 1)
         prefix, prefix_mask = prompt, ones
-        if sens_ids is not None and sens_ids.shape[1]:
+        if sens_ids is not None and sens_mask is not None and sens_ids.shape[1]:
             prefix = torch.cat([prompt, self.backbone.embed(sens_ids).to(prompt.dtype)], dim=1)
             prefix_mask = torch.cat([ones, sens_mask.to(ones.dtype)], dim=1)
         return Layout(prefix=prefix, prefix_mask=prefix_mask, suffix=prompt, suffix_mask=ones)
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         cache, valid = push_fifo(state["cache"], state["cache_valid"], hidden[:, -1:])  # M_n at the trailing P
-        tail_ids, tail_mask = append_tail(state["tail_ids"], state["tail_mask"], segment.ids, segment.mask, self._tail_width)
+        tail_ids, tail_mask = append_tail(state["tail_ids"], state["tail_mask"], segment.ids, segment.mask,
+                                          self._tail_width)
         return {"cache": cache, "cache_valid": valid, "tail_ids": tail_ids, "tail_mask": tail_mask}

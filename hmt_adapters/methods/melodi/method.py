@@ -1,6 +1,6 @@
 """MELODI over a Hugging Face decoder: summary tokens, per-layer short-term memory, one long-term layer.
 
-Per window `k` (= segment; MELODI §3, spec §2.8, window-major):
+Per window `k` (= segment; MELODI §3, window-major as App. C.1):
 1. the window is `[x ; u]`: the tokens, then `S` summary tokens `U0` (the layout's suffix, so they carry no
    logits and no loss, and no context token sees them: they come after every token under the causal mask);
 2. each short-term layer `l` attends `[z_{k-1}^l ; x ; u]` (`reads.short_term_read`);
@@ -12,8 +12,8 @@ Per window `k` (= segment; MELODI §3, spec §2.8, window-major):
 
 Gradients flow through `z` and the long-term K/V across windows (MELODI App. C.1 trains 8 windows with full BPTT);
 `bptt_depth` cuts them (the runtime detaches every state tensor), which is the paper's stop-gradient between
-training segments (spec §2.6). The top memory layer has no `T_u`: the summaries it would send up are read by no
-memory layer and are discarded with the top-layer summaries (spec §2.5), so that mixer could never learn.
+training segments (docs/melodi.md). The top memory layer has no `T_u`: the summaries it would send up are read by no
+memory layer and are discarded with the top-layer summaries (MELODI §3.2), so that mixer could never learn.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ class MelodiWindow(AttentionContext):
     `owner` is the method whose mixers act on this call; `token_mask` `[B, W']` covers the window's token slots;
     `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run. `cached` says
     whether the latest attention call continued a KV cache (token-by-token decoding of an open window, which has
-    no summary slots: the mixers run when the whole window is read, spec §2.7).
+    no summary slots: the mixers run when the whole window is read, MELODI App. C.2).
     """
 
-    owner: "Melodi | None" = None
+    owner: Melodi | None = None
     token_mask: torch.Tensor | None = None
     short_term: dict[int, torch.Tensor] = field(default_factory=dict)
     long_term: torch.Tensor | None = None
@@ -66,7 +66,7 @@ def _branching_hook(layer: int, module: nn.Module, args: tuple, kwargs: dict, ou
     backbone each act on their own calls only; without a MELODI context the layer is untouched.
     """
     window = kwargs.get(MEMORY_KWARG)
-    if not isinstance(window, MelodiWindow):
+    if not isinstance(window, MelodiWindow) or window.owner is None:
         return None
     hidden = window.owner.branch(layer, output[0] if isinstance(output, tuple) else output, window)
     if hidden is None:
@@ -86,6 +86,7 @@ class Melodi(MemoryMethod):
     """MELODI: hierarchical short-term (recurrent, every chosen layer) and long-term (FIFO, one layer) compression."""
 
     config_class = MelodiConfig
+    config: MelodiConfig
     needs_attention = True
 
     def __init__(self, config: MelodiConfig, backbone):
@@ -121,7 +122,8 @@ class Melodi(MemoryMethod):
         state: State = {}
         if self.long_term_layer is not None:
             capacity = self.config.long_term_tokens * self.config.long_term_windows
-            state.update(init_kv_state(batch_size, (self.long_term_layer,), b.num_kv_heads, b.head_dim, capacity, device, dtype))
+            state.update(init_kv_state(batch_size, (self.long_term_layer,), b.num_kv_heads, b.head_dim, capacity,
+                                       device, dtype))
         if self.short_term_layers:
             state["z_valid"] = torch.zeros(batch_size, dtype=torch.bool, device=device)
             for i in self.short_term_layers:
@@ -143,6 +145,7 @@ class Melodi(MemoryMethod):
             keys, values = state[f"k.{m}"][:, :, start:], state[f"v.{m}"][:, :, start:]
             reads[m] = long_term_read(reads.get(m), keys, values, state["valid"][:, start:], self.gate)
         context = MelodiWindow(reads=reads, rotary=self.backbone.rotary, owner=self, token_mask=segment.mask)
+        assert segment.embeds is not None  # prepare runs on embedded segments
         summaries = self.summary_embeddings.unsqueeze(0).expand(batch, -1, -1).to(segment.embeds.dtype)
         ones = segment.mask.new_ones(batch, summaries.shape[1])
         return Layout(suffix=summaries, suffix_mask=ones, attention=context)
@@ -151,6 +154,7 @@ class Melodi(MemoryMethod):
         """Summary branching after decoder layer `layer` (MELODI §3.2, Fig. 2): keep `z = T_z Y` (and `T_m Y` at the
         long-term layer) for `update`, send `T_u Y` up in the summary slots. None leaves the layer's output as is."""
         mixers = self._mixers_of(layer)
+        assert window.token_mask is not None  # set by prepare
         if not mixers or window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
             return None  # no mixers here, or not a whole window `[tokens ; summaries]`
         mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
@@ -183,8 +187,9 @@ class Melodi(MemoryMethod):
             new["z_valid"] = torch.ones_like(state["z_valid"])
         m = self.long_term_layer
         if m is not None:
+            assert window.long_term is not None  # the hook of layer m filled it
             # K/V of the long-term tokens from layer M's own norm and projections, computed once at store time
-            # (spec §2.4.3); stored pre-RoPE and read position-free
+            # (MELODI §3.3); stored pre-RoPE and read position-free
             keys, values = self.backbone.layer_kv(m, window.long_term)
             real = segment.mask.new_ones(keys.shape[0], keys.shape[2])
             store = {name: state[name] for name in ("pos", "valid", "seen", f"k.{m}", f"v.{m}")}

@@ -21,13 +21,14 @@ def mix(weight: torch.Tensor, hidden: torch.Tensor, token_mask: torch.Tensor) ->
     window = weight.shape[1] - summaries
     if slots < window:
         weight = torch.cat([weight[:, :slots], weight[:, window:]], dim=1)
-    keep = torch.cat([token_mask.to(hidden.dtype), token_mask.new_ones(token_mask.shape[0], summaries, dtype=hidden.dtype)], 1)
+    keep = torch.cat([token_mask.to(hidden.dtype),
+                      token_mask.new_ones(token_mask.shape[0], summaries, dtype=hidden.dtype)], 1)
     return torch.matmul(weight.to(hidden.dtype), hidden * keep[..., None])
 
 
 def pass_summaries(summaries: int, window: int) -> torch.Tensor:
     """`[0 | I_S]`: the mixer passes the block's summary outputs through, so at init `u = z = û` (the "no
-    branching" model of MELODI Table 4; init not in the paper, spec §3)."""
+    branching" model of MELODI Table 4; init not in the paper: docs/melodi.md)."""
     weight = torch.zeros(summaries, window + summaries)
     weight[:, window:] = torch.eye(summaries)
     return weight
@@ -35,7 +36,7 @@ def pass_summaries(summaries: int, window: int) -> torch.Tensor:
 
 def average_pool(outputs: int, window: int, summaries: int) -> torch.Tensor:
     """Output `j` averages the context slots of the `j`-th of `outputs` near-equal groups; summary columns are 0
-    (long-term mixer init; not in the paper, spec §3). Groups that would be empty (`outputs > window`) reuse the
+    (long-term mixer init; not in the paper: docs/melodi.md). Groups that would be empty (`outputs > window`) reuse the
     slot their boundary falls on."""
     weight = torch.zeros(outputs, window + summaries)
     edges = torch.linspace(0, window, outputs + 1)

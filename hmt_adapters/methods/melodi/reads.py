@@ -22,10 +22,10 @@ def short_term_read(backbone: BackboneAdapter, layer: int, memory: torch.Tensor,
     """Layer `layer` attends `[z ; window]` in one softmax, `z` = short-term memory `[B, S, D]` (MELODI eq. 1).
 
     Keys/values of `z` come from the layer's own norm and K/V projections (`z` has no parameters of its own,
-    spec §2.3). RoPE: `z` sits at positions `-S..-1`, right before the window's tokens at `0..` (the spec's
+    MELODI §3.2). RoPE: `z` sits at positions `-S..-1`, right before the window's tokens at `0..` (MELODI's
     `z` at `0..S-1` with the window after it, shifted by `S`: the same relative offsets, and the window keeps the
     positions the backbone gives it alone). Learned-position families use the keys as computed. Rows whose
-    memory is still empty (`valid` `[B]` False) see none of it: the trapezoid mask of spec §2.3 otherwise.
+    memory is still empty (`valid` `[B]` False) see none of it: the trapezoid mask of MELODI Fig. 2 otherwise.
     """
 
     size = memory.shape[1]
@@ -52,7 +52,7 @@ def long_term_read(
 
     `A_s` is the layer's self-attention (`self_read`, with the short-term prefix when the layer has one); `A_x` is
     a second, unmasked softmax of the same queries over the stored pre-RoPE `keys`/`values` `[B, Hkv, N, D]`.
-    Cross-attention is position-free: un-rotated query against un-rotated key (spec §2.4.3; every stored key
+    Cross-attention is position-free: un-rotated query against un-rotated key (docs/melodi.md; every stored key
     behaves as if at the query's own position). `gate` `[H]` holds `beta_h`, `alpha_h = sigmoid(beta_h)`; rows with
     an empty store (`valid` `[B, N]` all False) keep `A = A_s`, exactly.
     """

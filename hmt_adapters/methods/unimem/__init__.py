@@ -1,5 +1,5 @@
 """UniMem K/V memory methods as presets of one `UniMemConfig`: Transformer-XL, the Memorizing Transformer, TRAMS and
-UniMix (UniMem spec §9.7); and InfLLM's training-free block retrieval (`InfLLMConfig`, docs/infllm.md)."""
+UniMix (docs/attention_memory.md); and InfLLM's training-free block retrieval (`InfLLMConfig`, docs/infllm.md)."""
 
 from ...registry import register_method
 from .config import PRESETS, TRAMSConfig, UniMemConfig

@@ -1,6 +1,7 @@
 """`UniMemConfig`: K/V memory methods as UniMem compositions (management, writing, reading, injection).
 
-Transformer-XL, the Memorizing Transformer, TRAMS and UniMix are presets of this one configuration (UniMem spec §9.7);
+Transformer-XL, the Memorizing Transformer, TRAMS and UniMix are presets of this one configuration
+(docs/attention_memory.md);
 `TRAMSConfig` is the same class with the `"trams"` preset fixed. Fields left `None` take the preset's value, resolved
 against `segment_length` when used (`settings()`), so `replace(segment_length=...)` keeps derived sizes consistent.
 """
@@ -30,18 +31,18 @@ READING_KNOBS = {
     "trams": ("select_size", "recent_keep"),
 }
 # "compact" packs the read entries just before the segment: defined for readings whose entries are shared by all
-# queries and kept in stream order (TRAMS code, spec trams.md §3.7); per-query top-k entries have no such order.
+# queries and kept in stream order (TRAMS code; docs/attention_memory.md); per-query top-k entries have no such order.
 COMPACT_READINGS = ("all", "window", "trams")
 
 
 def _preset_defaults(preset: str, segment_length: int) -> dict[str, Any]:
     """The preset's value of every `None`-able field, for segments of `segment_length` tokens.
 
-    Sources (UniMem spec §5, §6, §9.7; TRAMS spec §5.8, §9 A1): XL keeps one segment (Single-Sgm) and reads it all
-    at its true distances; the Memorizing Transformer keeps 10 segments (Tab. 2: 20,480 tokens at L = 2048), reads
-    the top 32 by q.k in the middle and last layer (code layers 11, 21 of 22), keys at position 0; UniMix keeps 10
-    segments, reads a window of L plus 4 global plus top 4 in the upper half (code 11..21 of 22) and adds 40 RMT
-    tokens; TRAMS keeps a pool M = 8L and attends to m = M/2 (the paper's M = 2m; spec §5.8's LLM example
+    Sources (UniMem §3.3, Tab. 1-2; TRAMS §3.2; docs/attention_memory.md): XL keeps one segment (Single-Sgm) and reads
+    it all at its true distances; the Memorizing Transformer keeps 10 segments (Tab. 2: 20,480 tokens at L = 2048),
+    reads the top 32 by q.k in the middle and last layer (code layers 11, 21 of 22), keys at position 0; UniMix keeps
+    10 segments, reads a window of L plus 4 global plus top 4 in the upper half (code 11..21 of 22) and adds 40 RMT
+    tokens; TRAMS keeps a pool M = 8L and attends to m = M/2 (the paper's M = 2m; our LLM example
     n = 512, M = 4096, m = 2048), keeping the newest 3/4 of m and selecting 1/4 (the code's r = 150, k = 50).
     """
     L = segment_length
@@ -117,7 +118,8 @@ class UniMemConfig(MemoryConfig):
             TRAMS with grouped-query attention: select per query head (memory grows to the query heads) or once
             per key/value head (the group's scores summed).
         fold_norm_weight (`bool`, defaults to `True`):
-            TRAMS: fold the pre-attention norm weight into the metric (spec §5.2), so the query-side norm is constant.
+            TRAMS: fold the pre-attention norm weight into the metric (docs/attention_memory.md), so the query-side
+            norm is constant.
         combine (`str`, defaults to `"joint"`):
             `"joint"`: one softmax over memory and local keys (UniMem); `"gated"`: a learned per-head gate
             sigmoid(theta_h) mixes memory-only and local-only attention (the original Memorizing Transformer).
@@ -180,7 +182,7 @@ class UniMemConfig(MemoryConfig):
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
-    __hash__ = None  # mutable dataclass
+    __hash__ = None  # type: ignore[assignment]  # mutable dataclass
 
     def validate(self) -> None:
         super().validate()
@@ -237,7 +239,7 @@ class TRAMSConfig(UniMemConfig):
     """`UniMemConfig` with the `"trams"` preset: a pool of `memory_size` past K/V, `select_size` of them attended.
 
     TRAMS (Yu et al. 2023) is a training-free reading rule: per segment, layer, head and row, keep the newest
-    `recent_keep` pool tokens and the top of a query-independent metric among the older ones (spec trams.md §3.5).
+    `recent_keep` pool tokens and the top of a query-independent metric among the older ones (TRAMS §3.2).
     """
 
     preset: str = field(default="trams", metadata={"help": "Method string (preset).", "choices": ("trams",)})

@@ -1,5 +1,6 @@
-"""UniMem-style K/V memory (UniMem §2-3, spec §9): FIFO management, direct writing of pre-RoPE keys/values, a reading
-rule, injection in chosen layers through the patched attention, and optionally RMT tokens at the input (UniMix)."""
+"""UniMem-style K/V memory (UniMem §2-3; docs/attention_memory.md): FIFO management, direct writing of pre-RoPE
+keys/values, a reading rule, injection in chosen layers through the patched attention, and optionally RMT tokens at the
+input (UniMix)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class UniMem(MemoryMethod):
     """Past keys/values of chosen layers, read by the configured rule and joined to those layers' local keys."""
 
     config_class = UniMemConfig
+    config: UniMemConfig
     needs_attention = True
 
     def __init__(self, config: UniMemConfig, backbone):
@@ -69,11 +71,10 @@ class UniMem(MemoryMethod):
         if self.gate is not None:
             gate = torch.sigmoid(self.gate[self.layers.index(layer)])[None, :, None, None]
 
-        def read(call: AttentionCall, context: AttentionContext) -> MemoryRead:
+        def read_now(call: AttentionCall, context: AttentionContext) -> MemoryRead:
             return self.read(layer, state, frame, call, context)
 
-        if self.settings.reading in ("all", "trams"):
-            read = read_once(read)
+        read = read_once(read_now) if self.settings.reading in ("all", "trams") else read_now
 
         def attend(call: AttentionCall, context: AttentionContext):
             return attend_memory(call, read(call, context), gate)
@@ -81,7 +82,10 @@ class UniMem(MemoryMethod):
         return attend
 
     def prepare(self, segment: Segment, state: State, plan) -> Layout:
-        layout = Layout() if self.tokens is None else self.tokens.layout(state, self.memory_init, segment.mask)
+        if self.tokens is None or self.memory_init is None:
+            layout = Layout()
+        else:
+            layout = self.tokens.layout(state, self.memory_init, segment.mask)
         positions = self.settings.positions
         filled = int(state["valid"].sum(1).max())
         dense = bool(state["valid"][:, state["valid"].shape[1] - max(filled, 1) :].all())  # readers keep >= 1 slot

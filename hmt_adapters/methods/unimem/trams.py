@@ -1,8 +1,8 @@
-"""TRAMS' query-independent memory selection (Yu et al. 2023; spec trams.md §3.4, §3.5, §5.2-5.4).
+"""TRAMS' query-independent memory selection (Yu et al. 2023, §2.2-2.4, §3.2; docs/attention_memory.md).
 
 The reformulated key of pool token j for query head h is `K'_{j,h} = W_{q,h}^T k_j` (in R^D), so that
 `q_{i,h} . k_j = x_i . K'_{j,h}`. Its norm and its coordinate sum rank the pool without any query. Both are computed
-exactly without building `K'` (spec §3.4): `1^T K' = a_h . k` with `a_h = W_{q,h} 1`, and `|K'|^2 = k^T G_h k` with
+exactly without building `K'` (TRAMS §2.2): `1^T K' = a_h . k` with `a_h = W_{q,h} 1`, and `|K'|^2 = k^T G_h k` with
 `G_h = W_{q,h} W_{q,h}^T`.
 """
 
@@ -24,8 +24,9 @@ def trams_scores(
     Args:
         keys: `[B, Hkv, M, Dh]` content keys of the pool (pre-RoPE; no position term, as the code).
         w_q: `[Hq * Dh, D]` query projection of the layer.
-        norm_weight: `[D]` weight of the norm before attention, folded in as `K'' = gamma * K'` (spec §5.2: the
-            query side is then the unit-RMS input, whose norm is constant), or None to use `W_q` as is.
+        norm_weight: `[D]` weight of the norm before attention, folded in as `K'' = gamma * K'`
+            (docs/attention_memory.md: the query side is then the unit-RMS input, whose norm is constant), or None to
+            use `W_q` as is.
         num_heads: query heads `Hq`; query head h reads key/value head `h // (Hq / Hkv)`.
         score: `"code"` = `|K'| * |1^T K'|` (released code, the default: its numbers are the reported ones),
             `"paper"` = `1^T K' / sqrt(D)` (signed), `"norm"` = `|K'|` (the paper's Fig. 3 baseline).
@@ -55,7 +56,8 @@ def trams_scores(
 
 
 def trams_select(scores: torch.Tensor, valid: torch.Tensor, recent_keep: int, select_size: int) -> torch.Tensor:
-    """Pool slots attended, `[B, H, select_size]`, ascending (stream order), per row and head (spec §3.5).
+    """Pool slots attended, `[B, H, select_size]`, ascending (stream order), per row and head (TRAMS §3.2;
+    docs/attention_memory.md).
 
     The pool is right-aligned (oldest first, empty slots in front). The newest `recent_keep` slots are always
     kept; the other `select_size - recent_keep` are the highest `scores` `[B, H, M]` among the older valid slots.
