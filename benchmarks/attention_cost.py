@@ -124,7 +124,7 @@ def keys_per_query(name: str, model: ha.MemoryModel) -> str:
         "trams": f"{s.select_size}+n (of {s.memory_size})",
         "topk": f"{s.topk}+n (scores over {s.memory_size})",
         "union": f"{s.window}+{s.global_tokens}+{s.topk}+n (scores over {s.memory_size}), "
-                 f"+{2 * s.memory_tokens} slots",
+        f"+{2 * s.memory_tokens} slots",
     }[s.reading]
 
 
@@ -163,8 +163,10 @@ def print_table(result: dict) -> None:
         f"x {s['segments']} segments of n={N}, fp32 CPU, {torch.get_num_threads()} thread(s), median of "
         f"{s['rounds']} rounds"
     )
-    head = (f"{'run':24} {'keys per query (memory layers)':58} {'tok/s':>7} {'x bare':>7} {'FLOPs x':>8} "
-            f"{'attn x':>7} {'peak MB':>8} {'state MB':>9}")
+    head = (
+        f"{'run':24} {'keys per query (memory layers)':58} {'tok/s':>7} {'x bare':>7} {'FLOPs x':>8} "
+        f"{'attn x':>7} {'peak MB':>8} {'state MB':>9}"
+    )
     print(head)
     for name, r in result["rows"].items():
         print(

@@ -24,13 +24,24 @@ sys.path.insert(0, str(ROOT))
 
 
 def small_llama(
-    layers: int = 4, dim: int = 256, heads: int = 8, kv_heads: int = 4, ffn: int = 688, vocab: int = 8192,
-    attn: str = "sdpa", seed: int = 0,
+    layers: int = 4,
+    dim: int = 256,
+    heads: int = 8,
+    kv_heads: int = 4,
+    ffn: int = 688,
+    vocab: int = 8192,
+    attn: str = "sdpa",
+    seed: int = 0,
 ) -> torch.nn.Module:
     """A randomly initialised Llama (speed and memory do not depend on trained weights)."""
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=dim, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, max_position_embeddings=4096,
+        vocab_size=vocab,
+        hidden_size=dim,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
@@ -100,8 +111,9 @@ def peak_ratio(row: dict, lengths: list) -> float:
 def in_fresh_process(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
     """Run `python script *args` (with `env` added to the environment) and parse the JSON object its last output line
     prints (clean peak RSS)."""
-    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, **(env or {})})
+    out = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})}
+    )
     if out.returncode:
         raise RuntimeError(f"{script} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -145,8 +157,12 @@ def train_bpe(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 

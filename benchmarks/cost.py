@@ -148,8 +148,9 @@ def decode_speed(methods: list[str], backbone: str = "tiny", rounds: int = 3) ->
     vocab = bare.config.vocab_size
     runs = {"bare": decode_rate(bare, document(1, vocab))}
     prompt = document(8 * segment - segment // 2, vocab)
-    runs.update({m: decode_rate(ha.wrap_with_memory(build(), m, segment_length=segment).eval(), prompt)
-                 for m in methods})
+    runs.update(
+        {m: decode_rate(ha.wrap_with_memory(build(), m, segment_length=segment).eval(), prompt) for m in methods}
+    )
     speed = interleaved_medians(runs, rounds)
     return {name: {"decode_tokens_per_s": rate, "vs_bare": rate / speed["bare"]} for name, rate in speed.items()}
 
@@ -163,8 +164,10 @@ def print_tables(result: dict) -> None:
     print(f"Throughput: 4-layer Llama D=256, {SEGMENTS} segments of {SEGMENT} tokens, fp32 CPU")
     print(f"{'run':24} {'tok/s':>8} {'x bare':>7} {'FLOPs x':>8} {'attn FLOPs x':>13}")
     for name, r in result["throughput"].items():
-        print(f"{name:24} {r['tokens_per_s']:8,.0f} {r['speed_vs_bare']:7.2f} {r['flops_vs_bare']:8.2f} "
-              f"{r['attention_flops_vs_bare']:13.2f}")
+        print(
+            f"{name:24} {r['tokens_per_s']:8,.0f} {r['speed_vs_bare']:7.2f} {r['flops_vs_bare']:8.2f} "
+            f"{r['attention_flops_vs_bare']:13.2f}"
+        )
     lengths = result["lengths"]
     for part, title in (("stream", "a step() stream"), ("generate", "generate() after a prompt")):
         print(f"\nPeak RSS of {title}, 2-layer model: added to the built model (MB) at each length; peak ratio")
@@ -174,8 +177,9 @@ def print_tables(result: dict) -> None:
             print(f"{m:24} {added}   {peak_ratio(row, lengths):9.3f}")
     for decode, model in (("decode", "4-layer Llama"), ("decode_smollm2", "SmolLM2-135M")):
         if decode in result:
-            print(f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one "
-                  "window")
+            print(
+                f"\nGeneration on {model}: decode tokens/s (one segment after 7.5) vs the bare backbone in one window"
+            )
             for m, r in result[decode].items():
                 print(f"{m:24} {r['decode_tokens_per_s']:8.1f} tok/s   x bare {r['vs_bare']:.2f}")
 
@@ -202,8 +206,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=ha.available_methods())
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 10240, 102400, 1048576])
-    parser.add_argument("--parts", nargs="+", default=DEFAULT_PARTS, choices=DEFAULT_PARTS + ["decode_smollm2"],
-                        help="what to measure; a subset of parts or methods updates the existing cost.json")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=DEFAULT_PARTS,
+        choices=DEFAULT_PARTS + ["decode_smollm2"],
+        help="what to measure; a subset of parts or methods updates the existing cost.json",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("KIND", "METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -50,17 +50,40 @@ DOC = ROOT / "docs" / "cost.md"
 PARTS = ("speed", "memory", "length", "decode")
 # name -> LlamaConfig fields (random weights: cost does not depend on them)
 MODELS = {
-    "llama4": dict(vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-                   num_key_value_heads=4),
+    "llama4": dict(
+        vocab_size=8192,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+    ),
     # SmolLM2-135M's shape (hmt_adapters.backbones.smollm2 loads the real weights; the shape is what costs)
-    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0),
+    "smollm2": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+    ),
     # a 1B-class config (TinyLlama-1.1B's shape)
-    "llama1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                    num_attention_heads=32, num_key_value_heads=4),
+    "llama1b": dict(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+    ),
 }
-LABEL = {"llama4": "4-layer width-256 Llama (8 query / 4 KV heads)", "smollm2": "SmolLM2-135M shape",
-         "llama1b": "1B-class Llama (TinyLlama-1.1B shape)"}
+LABEL = {
+    "llama4": "4-layer width-256 Llama (8 query / 4 KV heads)",
+    "smollm2": "SmolLM2-135M shape",
+    "llama1b": "1B-class Llama (TinyLlama-1.1B shape)",
+}
 # device -> what each part measures: (model, segment length, batch, segments)
 SETUPS = {
     "cpu": {
@@ -133,8 +156,12 @@ def summary(times: dict[str, list[float]], per: float) -> dict[str, dict]:
     out = {}
     for name, ts in times.items():
         ratios = [b / t for b, t in zip(times["bare"], ts)]
-        out[name] = {"rate": per / statistics.median(ts), "vs_bare": statistics.median(ratios),
-                     "spread": [min(ratios), max(ratios)], "seconds": ts}
+        out[name] = {
+            "rate": per / statistics.median(ts),
+            "vs_bare": statistics.median(ratios),
+            "spread": [min(ratios), max(ratios)],
+            "seconds": ts,
+        }
     return out
 
 
@@ -161,8 +188,14 @@ def speed(methods: list[str], device: str, rounds: int) -> dict:
             row["flops_vs_bare"] = flops[name]["total"] / flops["bare"]["total"]
             row["attention_flops_vs_bare"] = flops[name]["attention"] / flops["bare"]["attention"]
             row["speed_x_flops"] = row["vs_bare"] * row["flops_vs_bare"]
-        out[f"{model}/{segment}"] = {"model": model, "segment": segment, "batch": batch, "segments": segments,
-                                     "rounds": rounds, "rows": rows}
+        out[f"{model}/{segment}"] = {
+            "model": model,
+            "segment": segment,
+            "batch": batch,
+            "segments": segments,
+            "rounds": rounds,
+            "rows": rows,
+        }
     return out
 
 
@@ -202,8 +235,13 @@ def memory(methods: list[str], device: str, rounds: int) -> dict:
         for name in ["bare", *methods]:
             spec = json.dumps([name, model, segment, batch, segments, device])
             rows[name] = in_fresh_process(__file__, "--peak-worker", spec)
-        out[f"{model}/{segment}"] = {"model": model, "segment": segment, "batch": batch, "segments": segments,
-                                     "rows": rows}
+        out[f"{model}/{segment}"] = {
+            "model": model,
+            "segment": segment,
+            "batch": batch,
+            "segments": segments,
+            "rows": rows,
+        }
     return out
 
 
@@ -233,8 +271,10 @@ def length(methods: list[str], device: str, rounds: int, lengths: list[int]) -> 
     rows = {}
     for name, ts in times.items():
         at = {str(n): statistics.median(ts[max(0, n // segment - window) : n // segment]) for n in lengths}
-        rows[name] = {"ms": {k: v * 1e3 for k, v in at.items()},
-                      "last_over_first": at[str(lengths[-1])] / at[str(lengths[0])]}
+        rows[name] = {
+            "ms": {k: v * 1e3 for k, v in at.items()},
+            "last_over_first": at[str(lengths[-1])] / at[str(lengths[0])],
+        }
     return {"model": model, "segment": segment, "batch": batch, "lengths": lengths, "window": window, "rows": rows}
 
 
@@ -242,15 +282,23 @@ def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = N
     model, segment, batches = setup or SETUPS[device]["decode"]
     vocab = MODELS[model]["vocab_size"]
     greedy = dict(do_sample=False, pad_token_id=0)
-    out = {"model": model, "segment": segment, "prompt": 8 * segment - segment // 2, "new_tokens": segment,
-           "rounds": rounds, "batches": {}}
+    out = {
+        "model": model,
+        "segment": segment,
+        "prompt": 8 * segment - segment // 2,
+        "new_tokens": segment,
+        "rounds": rounds,
+        "batches": {},
+    }
     bare = backbone(model, device)
     nets = {m: wrapped(m, model, segment, device) for m in methods}
     for batch in batches:
+
         def rate(net, ids) -> Callable[[], float]:
             def timed(new: int) -> float:
-                return seconds(lambda: net.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy),
-                               device)
+                return seconds(
+                    lambda: net.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy), device
+                )
 
             return lambda: timed(segment + 1) - timed(1)
 
@@ -266,8 +314,10 @@ def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = N
 
 def _header(part: dict, command: str) -> str:
     prov = part["provenance"]
-    return (f"`{command}` (commit `{(prov.get('git_commit') or '?')[:10]}`, {prov['device']}, {prov['machine']}, "
-            f"torch {prov['torch']}, {prov['time']})")
+    return (
+        f"`{command}` (commit `{(prov.get('git_commit') or '?')[:10]}`, {prov['device']}, {prov['machine']}, "
+        f"torch {prov['torch']}, {prov['time']})"
+    )
 
 
 def _spread(row: dict) -> str:
@@ -285,35 +335,54 @@ def render(results: dict[str, dict]) -> str:
         lines += [f"## {device.upper()}: {setup.get('note', '')}", ""]
         if "speed" in data:
             for run in data["speed"]["results"].values():
-                lines += [f"### Speed and FLOPs vs bare: {LABEL[run['model']]}, batch {run['batch']} x "
-                          f"{run['segments']} segments of {run['segment']}", "",
-                          _header(data["speed"], data["speed"]["command"]) + f", {run['rounds']} rounds", "",
-                          "| method | tokens/s | speed x bare (spread) | FLOPs x bare | attention FLOPs x bare | "
-                          "speed x FLOPs |", "|---|---|---|---|---|---|"]
+                lines += [
+                    f"### Speed and FLOPs vs bare: {LABEL[run['model']]}, batch {run['batch']} x "
+                    f"{run['segments']} segments of {run['segment']}",
+                    "",
+                    _header(data["speed"], data["speed"]["command"]) + f", {run['rounds']} rounds",
+                    "",
+                    "| method | tokens/s | speed x bare (spread) | FLOPs x bare | attention FLOPs x bare | "
+                    "speed x FLOPs |",
+                    "|---|---|---|---|---|---|",
+                ]
                 for name, r in run["rows"].items():
-                    lines.append(f"| `{name}` | {r['rate']:,.0f} | {r['vs_bare']:.2f} ({_spread(r)}) | "
-                                 f"{r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
-                                 f"{r['speed_x_flops']:.2f} |")
+                    lines.append(
+                        f"| `{name}` | {r['rate']:,.0f} | {r['vs_bare']:.2f} ({_spread(r)}) | "
+                        f"{r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
+                        f"{r['speed_x_flops']:.2f} |"
+                    )
                 lines.append("")
         if "memory" in data:
             for run in data["memory"]["results"].values():
-                lines += [f"### Peak memory: {LABEL[run['model']]}, batch {run['batch']} x {run['segments']} segments "
-                          f"of {run['segment']}", "", _header(data["memory"], data["memory"]["command"]), "",
-                          "| method | peak MB added by one forward | x bare | memory state MB |", "|---|---|---|---|"]
+                lines += [
+                    f"### Peak memory: {LABEL[run['model']]}, batch {run['batch']} x {run['segments']} segments "
+                    f"of {run['segment']}",
+                    "",
+                    _header(data["memory"], data["memory"]["command"]),
+                    "",
+                    "| method | peak MB added by one forward | x bare | memory state MB |",
+                    "|---|---|---|---|",
+                ]
                 bare = run["rows"]["bare"]["peak_extra_mb"]
                 for name, r in run["rows"].items():
-                    lines.append(f"| `{name}` | {r['peak_extra_mb']:.1f} | {r['peak_extra_mb'] / bare:.2f} | "
-                                 f"{r['state_mb']:.2f} |")
+                    lines.append(
+                        f"| `{name}` | {r['peak_extra_mb']:.1f} | {r['peak_extra_mb'] / bare:.2f} | "
+                        f"{r['state_mb']:.2f} |"
+                    )
                 lines.append("")
         if "length" in data:
             run = data["length"]["results"]
             heads = " | ".join(f"{n // 1024}k" for n in run["lengths"])
-            lines += [f"### Per-segment time vs document length: {LABEL[run['model']]}, `step` stream, batch "
-                      f"{run['batch']}, segments of {run['segment']}", "",
-                      _header(data["length"], data["length"]["command"]) + f"; median of the {run['window']} "
-                      "segments ending at each length (ms)", "",
-                      f"| method | {heads} | {run['lengths'][-1] // 1024}k / {run['lengths'][0] // 1024}k |",
-                      "|---|" + "---|" * (len(run["lengths"]) + 1)]
+            lines += [
+                f"### Per-segment time vs document length: {LABEL[run['model']]}, `step` stream, batch "
+                f"{run['batch']}, segments of {run['segment']}",
+                "",
+                _header(data["length"], data["length"]["command"]) + f"; median of the {run['window']} "
+                "segments ending at each length (ms)",
+                "",
+                f"| method | {heads} | {run['lengths'][-1] // 1024}k / {run['lengths'][0] // 1024}k |",
+                "|---|" + "---|" * (len(run["lengths"]) + 1),
+            ]
             for name, r in run["rows"].items():
                 cells = " | ".join(f"{r['ms'][str(n)]:.1f}" for n in run["lengths"])
                 lines.append(f"| `{name}` | {cells} | {r['last_over_first']:.2f} |")
@@ -321,16 +390,21 @@ def render(results: dict[str, dict]) -> str:
         for part in [k for k in data if k.startswith("decode")]:
             run = data[part]["results"]
             batches = list(run["batches"])
-            lines += [f"### Decode: {LABEL[run['model']]}, segments of {run['segment']}, {run['new_tokens']} new "
-                      f"tokens after a {run['prompt']}-token prompt", "",
-                      _header(data[part], data[part]["command"]) + f", {run['rounds']} rounds", "",
-                      "| method | " + " | ".join(f"batch {b}: tokens/s | x bare (spread)" for b in batches) + " |",
-                      "|---|" + "---|---|" * len(batches)]
+            lines += [
+                f"### Decode: {LABEL[run['model']]}, segments of {run['segment']}, {run['new_tokens']} new "
+                f"tokens after a {run['prompt']}-token prompt",
+                "",
+                _header(data[part], data[part]["command"]) + f", {run['rounds']} rounds",
+                "",
+                "| method | " + " | ".join(f"batch {b}: tokens/s | x bare (spread)" for b in batches) + " |",
+                "|---|" + "---|---|" * len(batches),
+            ]
             names = list(run["batches"][batches[0]])
             for name in names:
                 cells = " | ".join(
                     f"{run['batches'][b][name]['rate']:,.1f} | {run['batches'][b][name]['vs_bare']:.2f} "
-                    f"({_spread(run['batches'][b][name])})" for b in batches
+                    f"({_spread(run['batches'][b][name])})"
+                    for b in batches
                 )
                 lines.append(f"| `{name}` | {cells} |")
             lines.append("")
@@ -356,8 +430,12 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=ha.available_methods())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--lengths", nargs="+", type=int, default=[8192, 32768, 131072])
-    parser.add_argument("--decode-setup", nargs="+", metavar="MODEL SEGMENT BATCH",
-                        help="decode on another model (name in MODELS), segment length and batches; its own table")
+    parser.add_argument(
+        "--decode-setup",
+        nargs="+",
+        metavar="MODEL SEGMENT BATCH",
+        help="decode on another model (name in MODELS), segment length and batches; its own table",
+    )
     parser.add_argument("--render-only", action="store_true", help="only re-render docs/cost.md")
     parser.add_argument("--peak-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -369,8 +447,10 @@ def main() -> None:
     torch.set_num_threads(1)  # 2 shared cores: more threads oversubscribe; on CUDA the host thread only launches
     path = RESULTS / f"cost_report_{args.device}.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data["setup"] = {"note": "fp32, one CPU thread" if args.device == "cpu" else "bf16",
-                     **{k: v for k, v in SETUPS[args.device].items() if k != "dtype"}}
+    data["setup"] = {
+        "note": "fp32, one CPU thread" if args.device == "cpu" else "bf16",
+        **{k: v for k, v in SETUPS[args.device].items() if k != "dtype"},
+    }
     command = "python benchmarks/cost_report.py" + ("" if args.device == "cpu" else f" --device {args.device}")
     measures = {
         "speed": lambda: speed(args.methods, args.device, args.rounds),
@@ -393,9 +473,12 @@ def main() -> None:
                 kept = {n: r for n, r in old.get(key, {}).get("rows", {}).items() if n not in run["rows"]}
                 run["rows"] = {**run["rows"], **kept}
         flags = f" --decode-setup {' '.join(args.decode_setup)}" if part.startswith("decode_") else ""
-        data[part] = {"command": f"{command} --parts {part.split('_')[0]}{flags} --rounds {args.rounds}",
-                      "provenance": provenance(), "results": result,
-                      "seconds": round(time.perf_counter() - started, 1)}
+        data[part] = {
+            "command": f"{command} --parts {part.split('_')[0]}{flags} --rounds {args.rounds}",
+            "provenance": provenance(),
+            "results": result,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"{part}: {data[part]['seconds']} s", flush=True)
     results = {}

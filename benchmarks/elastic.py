@@ -21,10 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import hmt_adapters as ha
-from hmt_adapters.methods.elastic import HiPPOLegS
-
 from common import RESULTS, write_result  # benchmarks/ is the script folder
-from hmt_adapters.hippo import HiPPOLegS
+from hmt_adapters.methods.elastic import HiPPOLegS
 
 # ---- Table 12 -------------------------------------------------------------------------------------------------
 
@@ -77,8 +75,13 @@ def table12(draws: int) -> list[dict]:
 
 def small_llama() -> torch.nn.Module:
     config = LlamaConfig(
-        vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=2048,
+        vocab_size=8192,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float()
@@ -110,8 +113,10 @@ def throughput(reps: int, segment: int, segments: int, orders: tuple[int, ...]) 
     base = small_llama()
     base.requires_grad_(True)  # training mode: full backward through the backbone and the state (BPTT)
     ids = torch.randint(0, 8192, (1, segment * segments), generator=torch.Generator().manual_seed(0))
-    models = {N: ha.wrap_with_memory(base, "elastic", segment_length=segment, hippo_order=N,
-                                     freeze_backbone=False).eval() for N in orders}
+    models = {
+        N: ha.wrap_with_memory(base, "elastic", segment_length=segment, hippo_order=N, freeze_backbone=False).eval()
+        for N in orders
+    }
     variants = {"bare": (orders[0], None)}  # name -> (N, sampling)
     for N in orders:
         variants[f"elastic_uni_N{N}"] = (N, "uniform")
@@ -168,8 +173,13 @@ def throughput(reps: int, segment: int, segments: int, orders: tuple[int, ...]) 
     results["bank_build_s"] = {f"N{N}": s for N, s in cold.items()}
     results["setup"] = dict(
         model="Llama from config: 4 layers, d=256, 4 heads (head_dim 64), vocab 8192, sdpa, fp32",
-        segment_length=segment, segments=segments, hippo_orders=list(orders), memory_tokens="= N",
-        memory_layer=models[orders[0]].memory.layers[0], repetitions=reps, threads=1,
+        segment_length=segment,
+        segments=segments,
+        hippo_orders=list(orders),
+        memory_tokens="= N",
+        memory_layer=models[orders[0]].memory.layers[0],
+        repetitions=reps,
+        threads=1,
     )
     return results
 
@@ -184,16 +194,19 @@ def memory_bytes(order: int) -> dict:
     histories = [2048, 8192, 32768, 131072, 1 << 20]
     elastic = 2 * order * channels * 4
     rows = [
-        dict(history=T, elastic_fp32=elastic, memorizing_bf16=2 * T * channels * 2,
-             memorizing_fp32=2 * T * channels * 4)
+        dict(
+            history=T, elastic_fp32=elastic, memorizing_bf16=2 * T * channels * 2, memorizing_fp32=2 * T * channels * 4
+        )
         for T in histories
     ]
     base = small_llama()
     measured = {}
     for tokens in (512, 2048):
         ids = torch.randint(0, 8192, (1, tokens), generator=torch.Generator().manual_seed(1))
-        for method, kwargs in (("elastic", dict(hippo_order=order)),
-                               ("transformer_xl", dict(memory_size=tokens, memory_layers=[3]))):
+        for method, kwargs in (
+            ("elastic", dict(hippo_order=order)),
+            ("transformer_xl", dict(memory_size=tokens, memory_layers=[3])),
+        ):
             model = ha.wrap_with_memory(base, method, segment_length=512, **kwargs).eval()
             with torch.no_grad():
                 _, state = model.step(ids)
@@ -214,30 +227,44 @@ def human(n: float) -> str:
 
 def print_report(t12: list[dict], speed: dict, mem: dict) -> None:
     print("\nTable 12: HiPPO-LegS reconstruction MSE (ours: mean over draws; sine frequencies are ours)")
-    print(f"{'signal':<13} {'N':>4} {'T':>5} {'disc.':<9} {'paper':>9} {'ours (midpoints)':>17} "
-          f"{'ours (token starts)':>20}")
+    print(
+        f"{'signal':<13} {'N':>4} {'T':>5} {'disc.':<9} {'paper':>9} {'ours (midpoints)':>17} "
+        f"{'ours (token starts)':>20}"
+    )
     for r in t12:
-        print(f"{r['signal']:<13} {r['N']:>4} {r['T']:>5} {r['discretization']:<9} {r['paper']:>9.2g} "
-              f"{r['midpoints']:>17.2e} {r['token_starts']:>20.2e}")
+        print(
+            f"{r['signal']:<13} {r['N']:>4} {r['T']:>5} {r['discretization']:<9} {r['paper']:>9.2g} "
+            f"{r['midpoints']:>17.2e} {r['token_starts']:>20.2e}"
+        )
     s = speed["setup"]
-    print(f"\nThroughput ({s['model']}; {s['segments']} segments of {s['segment_length']}, L_mem = N, memory layer "
-          f"{s['memory_layer']}; 1 thread, {s['repetitions']} interleaved runs: tok/s from the best wall time, ratio "
-          "= median CPU-time ratio to bare)")
+    print(
+        f"\nThroughput ({s['model']}; {s['segments']} segments of {s['segment_length']}, L_mem = N, memory layer "
+        f"{s['memory_layer']}; 1 thread, {s['repetitions']} interleaved runs: tok/s from the best wall time, ratio "
+        "= median CPU-time ratio to bare)"
+    )
     print(f"{'variant':<16} {'infer tok/s':>12} {'ratio':>7} {'train tok/s':>12} {'ratio':>7} {'FLOP ratio':>11}")
     for name in speed["inference"]:
         i, t = speed["inference"][name], speed["training"][name]
         flops = 1.0 if name == "bare" else speed["flop_ratio"][name.rsplit("_", 1)[1]]
-        print(f"{name:<16} {i['tokens_per_s']:>12.0f} {i['ratio_to_bare']:>7.3f} {t['tokens_per_s']:>12.0f} "
-              f"{t['ratio_to_bare']:>7.3f} {flops:>11.3f}")
-    print("one-time bank build (cold first pass, seconds):",
-          ", ".join(f"{k}: {v:.2f}" for k, v in speed["bank_build_s"].items()))
+        print(
+            f"{name:<16} {i['tokens_per_s']:>12.0f} {i['ratio_to_bare']:>7.3f} {t['tokens_per_s']:>12.0f} "
+            f"{t['ratio_to_bare']:>7.3f} {flops:>11.3f}"
+        )
+    print(
+        "one-time bank build (cold first pass, seconds):",
+        ", ".join(f"{k}: {v:.2f}" for k, v in speed["bank_build_s"].items()),
+    )
     print(f"\nMemory per memory layer ({mem['channels']} K/V channels, N={mem['hippo_order']})")
     print(f"{'history':>9} {'elastic fp32':>13} {'MemTrans bf16':>14} {'MemTrans fp32':>14} {'ratio (bf16)':>13}")
     for r in mem["rows"]:
-        print(f"{r['history']:>9} {human(r['elastic_fp32']):>13} {human(r['memorizing_bf16']):>14} "
-              f"{human(r['memorizing_fp32']):>14} {r['memorizing_bf16'] / r['elastic_fp32']:>13.1f}")
-    print("measured state bytes, small Llama (1 memory layer, 4 x 64 channels):",
-          ", ".join(f"{k}: {human(v)}" for k, v in mem["measured_small_llama"].items()))
+        print(
+            f"{r['history']:>9} {human(r['elastic_fp32']):>13} {human(r['memorizing_bf16']):>14} "
+            f"{human(r['memorizing_fp32']):>14} {r['memorizing_bf16'] / r['elastic_fp32']:>13.1f}"
+        )
+    print(
+        "measured state bytes, small Llama (1 memory layer, 4 x 64 channels):",
+        ", ".join(f"{k}: {human(v)}" for k, v in mem["measured_small_llama"].items()),
+    )
 
 
 def plot(t12: list[dict], mem: dict, path: str) -> None:
@@ -259,8 +286,9 @@ def plot(t12: list[dict], mem: dict, path: str) -> None:
     a.set_title("HiPPO-LegS reconstruction (Table 12)")
     a.legend(fontsize=7)
     hist = [r["history"] for r in mem["rows"]]
-    b.loglog(hist, [r["elastic_fp32"] for r in mem["rows"]], "o-",
-             label=f"Elastic state, N={mem['hippo_order']} (fp32)")
+    b.loglog(
+        hist, [r["elastic_fp32"] for r in mem["rows"]], "o-", label=f"Elastic state, N={mem['hippo_order']} (fp32)"
+    )
     b.loglog(hist, [r["memorizing_bf16"] for r in mem["rows"]], "s-", label="Memorizing-Transformer FIFO (bf16)")
     b.set_xlabel("history (tokens)")
     b.set_ylabel("bytes per memory layer")
@@ -280,7 +308,9 @@ def main() -> None:
     mem = memory_bytes(order=540)
     print_report(t12, speed, mem)
     out = dict(
-        table12=t12, throughput=speed, memory=mem,
+        table12=t12,
+        throughput=speed,
+        memory=mem,
         notes=dict(
             table12="Sines: full periods over the sequence (1 sine: 3; 3 sines: 1,3,5; 5 sines: 1..5), random "
             "amplitude in [0.5,1.5) and phase; noise: unit white noise. 'midpoints' reads the state at x = p + 1/2 "

@@ -1,4 +1,4 @@
-"""Training-free block retrieval (`"infllm"`, issue 23) against the bare backbone, one JSON line per sample.
+"""Training-free block retrieval (`"infllm"`, docs/infllm.md) against the bare backbone, one JSON line per sample.
 
 Every sample is keyed by (reader, task, haystack, length, depth, seed) in `--out` (JSONL): `--update` adds the
 samples not yet there and never repeats one, so a cell grows across runs; `--table` prints the tables (accuracy,
@@ -29,15 +29,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import provenance  # noqa: E402
-from longcontext import parse_length  # noqa: E402
-
 import hmt_adapters as ha  # noqa: E402
+from common import provenance  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
-from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes  # noqa: E402
+from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
+from longcontext import parse_length  # noqa: E402
 
 READERS = ("backbone", "infllm")
 DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
@@ -65,19 +64,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--haystack", default=None, help="haystack for every task (default: each task's own)")
     p.add_argument("--context", type=int, default=None, help="the backbone reader's context (default: its config's)")
-    p.add_argument("--infllm-fields", nargs="*", type=parse_field, default=[], metavar="NAME=VALUE",
-                   help="fields of the infllm configuration, e.g. window=2048 store_dtype=bfloat16")
+    p.add_argument(
+        "--infllm-fields",
+        nargs="*",
+        type=parse_field,
+        default=[],
+        metavar="NAME=VALUE",
+        help="fields of the infllm configuration, e.g. window=2048 store_dtype=bfloat16",
+    )
     p.add_argument("--reader-name", default=None, help="record the infllm reader under this name (a variant)")
     p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results file")
     p.add_argument("--update", action="store_true", help="add the missing samples to an existing --out")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="torch device of the model and the memory store, e.g. cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the backbone's weights")
-    p.add_argument("--no-shared-prefix", action="store_true",
-                   help="read every prompt from its beginning (default: samples sharing a haystack beginning read it "
-                        "once; the answers are the same, tests/test_infllm.py)")
+    p.add_argument(
+        "--no-shared-prefix",
+        action="store_true",
+        help="read every prompt from its beginning (default: samples sharing a haystack beginning read it "
+        "once; the answers are the same, tests/test_infllm.py)",
+    )
     p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     return p
+
+
+def deepest_first_then_by_depth(todo: list[tuple[dict, Any]]) -> list[tuple[dict, Any]]:
+    """The sample with the deepest needle first (its run keeps the states the others continue from), then one
+    sample per depth in turn, so that a cell stopped early holds every depth in equal measure."""
+    first_needle = {id(s): min((i.position for i in s.inserts), default=0) for _, s in todo}
+    todo = sorted(todo, key=lambda item: -first_needle[id(item[1])])
+    if not todo:
+        return todo
+    groups: dict[Any, list] = {}
+    for item in todo[1:]:
+        groups.setdefault(item[0]["depth"], []).append(item)
+    rounds = [
+        group[i]
+        for i in range(max(map(len, groups.values()), default=0))
+        for group in groups.values()
+        if i < len(group)
+    ]
+    return [todo[0], *rounds]
 
 
 def cost_and_recall(rows: list[dict[str, Any]]) -> str:
@@ -87,18 +114,29 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         cells.setdefault((row["reader"], row["task"], int(row["length"]), row.get("device", "cpu")), []).append(row)
-    lines = [("| reader | task | length | device | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
-              "layers with the needle readable (mean, min) |"), "|---" * 9 + "|"]
+    lines = [
+        (
+            "| reader | task | length | device | n | wall s / 1k tokens | CPU s / 1k tokens | peak RSS (GB) | "
+            "layers with the needle readable (mean, min) |"
+        ),
+        "|---" * 9 + "|",
+    ]
     for (reader, task, length, device), group in sorted(cells.items()):
         wall = sum(r["seconds_per_1k_tokens"] for r in group) / len(group)
         cpu = [1000 * r["cpu_seconds"] / length for r in group if r.get("cpu_seconds") is not None]
         rss = max(r.get("peak_rss_mb", 0) for r in group) / 1024
         recall = [r["recall"] for r in group if r.get("recall")]
-        found = (f"{sum(x['layers_found'] for x in recall) / len(recall):.1f} / {recall[0]['layers']}, "
-                 f"{min(x['layers_found'] for x in recall)}" if recall else "-")
+        found = (
+            f"{sum(x['layers_found'] for x in recall) / len(recall):.1f} / {recall[0]['layers']}, "
+            f"{min(x['layers_found'] for x in recall)}"
+            if recall
+            else "-"
+        )
         cpu_text = f"{sum(cpu) / len(cpu):.1f} (n={len(cpu)})" if cpu else "-"
-        lines.append(f"| `{reader}` | {task} | {length // 1024}k | {device} | {len(group)} | {wall:.1f} | {cpu_text} | "
-                     f"{rss:.2f} | {found} |")
+        lines.append(
+            f"| `{reader}` | {task} | {length // 1024}k | {device} | {len(group)} | {wall:.1f} | {cpu_text} | "
+            f"{rss:.2f} | {found} |"
+        )
     return "\n".join(lines)
 
 
@@ -142,17 +180,25 @@ def main() -> None:
                     kwargs["haystack"] = args.haystack
                 samples.append((kwargs, TASKS[task](tokenizer, length, **kwargs)))
             for reader in readers:
-                todo = [(kw, s) for kw, s in samples if record_key(
-                    {"reader": reader.name, "task": task, "haystack": s.haystack, "length": length, **kw}) not in done]
+                todo = [
+                    (kw, s)
+                    for kw, s in samples
+                    if record_key(
+                        {"reader": reader.name, "task": task, "haystack": s.haystack, "length": length, **kw}
+                    )
+                    not in done
+                ]
                 shared = None
                 if isinstance(reader.model, ha.MemoryModel) and not args.no_shared_prefix:
-                    # deepest needle first: its run keeps the states the shallower samples continue from
-                    todo.sort(key=lambda item: -min((i.position for i in item[1].inserts), default=0))
+                    todo = deepest_first_then_by_depth(todo)
                     shared = SharedPrefixes(reader.model, [s.input_ids for _, s in todo])
                     if todo:
-                        print(f"{reader.name} {task} {length}: {len(todo)} samples read "
-                              f"{shared.tokens_to_read / (len(todo) * length):.2f} of their tokens (shared haystack "
-                              "beginnings read once)", flush=True)
+                        print(
+                            f"{reader.name} {task} {length}: {len(todo)} samples read "
+                            f"{shared.tokens_to_read / (len(todo) * length):.2f} of their tokens (shared haystack "
+                            "beginnings read once)",
+                            flush=True,
+                        )
                 for j, (kwargs, sample) in enumerate(todo):
                     seed, depth = kwargs["seed"], kwargs["depth"]
                     if isinstance(reader.model, ha.MemoryModel):
@@ -165,28 +211,42 @@ def main() -> None:
                     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
                     prediction = tokenizer.decode(new, skip_special_tokens=True)
                     correct = score(sample.extra["metric"], prediction, sample.answers)
-                    row = {"reader": reader.name, "seed": seed, **sample.record(), "depth": depth,
-                           "prediction": prediction, "score": correct,
-                           "seconds": seconds, "seconds_per_1k_tokens": 1000 * seconds / length,
-                           "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
-                           "shared_prefix_tokens": shared.source.get(j, (0, 0))[1] if shared else 0,
-                           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                           "peak_device_mb": (torch.cuda.max_memory_allocated() / 2**20
-                                              if args.device.startswith("cuda") else None),
-                           "config": configs[reader.name], "commit": commit, "machine": machine,
-                           "threads": torch.get_num_threads(), "device": args.device, "dtype": args.dtype,
-                           "command": " ".join(sys.argv)}
+                    row = {
+                        "reader": reader.name,
+                        "seed": seed,
+                        **sample.record(),
+                        "depth": depth,
+                        "prediction": prediction,
+                        "score": correct,
+                        "seconds": seconds,
+                        "seconds_per_1k_tokens": 1000 * seconds / length,
+                        "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
+                        "shared_prefix_tokens": shared.source.get(j, (0, 0))[1] if shared else 0,
+                        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                        "peak_device_mb": (
+                            torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else None
+                        ),
+                        "config": configs[reader.name],
+                        "commit": commit,
+                        "machine": machine,
+                        "threads": torch.get_num_threads(),
+                        "device": args.device,
+                        "dtype": args.dtype,
+                        "command": " ".join(sys.argv),
+                    }
                     if isinstance(reader.model, ha.MemoryModel):
                         row["recall"] = retrieval_recall(reader.model, sample)
                         reader.model.memory.trace = {}
                     append_record(args.out, row)
                     done.add(record_key(row))
                     recall = row.get("recall") or {}
-                    print(f"{reader.name:10} {task:18} {length:>7} depth {depth if depth is None else round(depth, 2)} "
-                          f"seed {seed:3}: "
-                          f"{row['score']:.2f} {prediction!r:24} {seconds:7.1f} s"
-                          + (f"  recall {recall['layers_found']}/{recall['layers']} layers" if recall else ""),
-                          flush=True)
+                    print(
+                        f"{reader.name:10} {task:18} {length:>7} depth {depth if depth is None else round(depth, 2)} "
+                        f"seed {seed:3}: "
+                        f"{row['score']:.2f} {prediction!r:24} {seconds:7.1f} s"
+                        + (f"  recall {recall['layers_found']}/{recall['layers']} layers" if recall else ""),
+                        flush=True,
+                    )
     print(markdown_tables(load_records(args.out)))
 
 

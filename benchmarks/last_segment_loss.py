@@ -36,9 +36,21 @@ from common import ROOT, in_fresh_process, write_result  # benchmarks/ is the sc
 from training_memory import MB, SWITCHES, PeakRSS, add_model_args, answered_as_worker, build_model, fastest_step
 
 VARIANTS = ("every-token", "last-segment", "last-segment, previous code")
-MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size",
-              "depth", "threads",
-              "repeats", "switch")
+MODEL_ARGS = (
+    "device",
+    "dtype",
+    "hidden",
+    "layers",
+    "heads",
+    "kv_heads",
+    "vocab",
+    "segment_length",
+    "batch_size",
+    "depth",
+    "threads",
+    "repeats",
+    "switch",
+)
 
 
 def labels_for(variant: str, ids: torch.Tensor, segment_length: int) -> torch.Tensor:
@@ -59,8 +71,9 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model = build_model(args, args.switch)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length),
-                        generator=gen).to(args.device)
+    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length), generator=gen).to(
+        args.device
+    )
     labels = labels_for(args.variant, ids, args.segment_length)
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
@@ -92,22 +105,30 @@ def measure(args: argparse.Namespace) -> dict:
 
 def export_previous(commit: str, folder: str) -> None:
     """The `hmt_adapters` package as of `commit`, written into `folder`."""
-    archive = subprocess.run(["git", "archive", commit, "hmt_adapters"], cwd=ROOT, capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", commit, "hmt_adapters"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
 
 
 def run_worker(args: argparse.Namespace, variant: str, code: str) -> dict:
     """One variant in a fresh process, importing `hmt_adapters` from the folder `code`."""
     flags = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in MODEL_ARGS]
-    return in_fresh_process(os.path.abspath(__file__), "--worker", variant, *flags,
-                            env={"MALLOC_MMAP_THRESHOLD_": "131072", "HMT_ADAPTERS_CODE": code})
+    return in_fresh_process(
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        *flags,
+        env={"MALLOC_MMAP_THRESHOLD_": "131072", "HMT_ADAPTERS_CODE": code},
+    )
 
 
 def table(results: list[dict], key: str) -> str:
     base = next(r for r in results if r["variant"] == "last-segment, previous code")
-    lines = [f"{'variant':<30}{'step s':>9}{'tokens/s':>10}{'memory MB':>11}{'speed vs previous':>19}"
-             f"{'memory vs previous':>20}"]
+    lines = [
+        f"{'variant':<30}{'step s':>9}{'tokens/s':>10}{'memory MB':>11}{'speed vs previous':>19}"
+        f"{'memory vs previous':>20}"
+    ]
     for r in results:
         lines.append(
             f"{r['variant']:<30}{r['step_s']:>9.2f}{r['tokens_per_s']:>10.0f}{r[key]:>11.0f}"

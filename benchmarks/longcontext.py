@@ -60,23 +60,34 @@ def readers(args: argparse.Namespace) -> tuple[list[Reader], dict]:
     base, tokenizer = load_backbone(args.model)
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
-    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval()
-              for name, path in adapters.items()}
+    models = {
+        name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()
+    }
     context = args.context or base.config.max_position_embeddings
     first = next(iter(models.values()), None)
-    window = args.window or (first.memory_config.segment_length + getattr(first.memory_config, "sensory_length", 0)
-                             if first is not None else 256)
+    window = args.window or (
+        first.memory_config.segment_length + getattr(first.memory_config, "sensory_length", 0)
+        if first is not None
+        else 256
+    )
     out = [Reader("backbone_truncated", base, window=context), Reader("backbone_window", base, window=window)]
     if args.full_max > context:
         out.append(Reader("backbone_full", base, max_length=args.full_max))
     out += [Reader(name, model) for name, model in models.items()]
-    zero_shot, zero_shot_info = zero_shot_readers(base, args.methods, segment_length=args.segment_length,
-                                                  memory=policies, cover=max(args.lengths))
+    zero_shot, zero_shot_info = zero_shot_readers(
+        base, args.methods, segment_length=args.segment_length, memory=policies, cover=max(args.lengths)
+    )
     out += zero_shot
     info = {
-        "model": args.model, "context": context, "window": window, "full_max": args.full_max, "tokenizer": tokenizer,
-        "adapters": {n: {"path": p, "method": models[n].method, "config": models[n].memory_config.to_dict()}
-                     for n, p in adapters.items()},
+        "model": args.model,
+        "context": context,
+        "window": window,
+        "full_max": args.full_max,
+        "tokenizer": tokenizer,
+        "adapters": {
+            n: {"path": p, "method": models[n].method, "config": models[n].memory_config.to_dict()}
+            for n, p in adapters.items()
+        },
         "zero_shot": {"memory": " ".join(args.memory), "cover": max(args.lengths), "readers": zero_shot_info},
     }
     return out, info
@@ -102,24 +113,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="'smollm2' (offline SmolLM2-135M) or a causal LM path")
     p.add_argument("--adapters", nargs="*", default=DEFAULT_ADAPTERS, help="name=path pairs of saved adapters")
-    p.add_argument("--methods", nargs="*", default=[], choices=ha.available_methods(), metavar="METHOD",
-                   help=f"memory methods run zero-shot (untrained) on the bare backbone, one reader each: "
-                        f"{' '.join(ha.available_methods())}")
+    p.add_argument(
+        "--methods",
+        nargs="*",
+        default=[],
+        choices=ha.available_methods(),
+        metavar="METHOD",
+        help=f"memory methods run zero-shot (untrained) on the bare backbone, one reader each: "
+        f"{' '.join(ha.available_methods())}",
+    )
     p.add_argument("--segment-length", type=int, default=SEGMENT_LENGTH, help="the zero-shot readers' segment")
-    p.add_argument("--memory", nargs="+", default=["cover"], metavar="POLICY",
-                   help="zero-shot stores: 'preset' (each method's default size) or 'cover' (sized to hold the "
-                        "longest prompt), for all methods or per method as method=policy")
+    p.add_argument(
+        "--memory",
+        nargs="+",
+        default=["cover"],
+        metavar="POLICY",
+        help="zero-shot stores: 'preset' (each method's default size) or 'cover' (sized to hold the "
+        "longest prompt), for all methods or per method as method=policy",
+    )
     p.add_argument("--tasks", nargs="+", default=["passkey", "niah_single"], choices=sorted(TASKS))
     p.add_argument("--lengths", nargs="+", type=parse_length, default=[4096, 8192, 16384])
-    p.add_argument("--samples", type=int, default=3,
-                   help="samples per (task, length); single needles spread 0..1 deep")
-    p.add_argument("--haystack", default=None, choices=["essays", "kjv", "repeat"],
-                   help="haystack for every task (default: essays for needles, kjv for qa)")
+    p.add_argument(
+        "--samples", type=int, default=3, help="samples per (task, length); single needles spread 0..1 deep"
+    )
+    p.add_argument(
+        "--haystack",
+        default=None,
+        choices=["essays", "kjv", "repeat"],
+        help="haystack for every task (default: essays for needles, kjv for qa)",
+    )
     p.add_argument("--context", type=int, default=None, help="backbone_truncated's context (default: its config's)")
     p.add_argument("--window", type=int, default=None, help="backbone_window's width (default: the adapter's window)")
     p.add_argument("--full-max", type=parse_length, default=0, help="run backbone_full up to this length (0: never)")
-    p.add_argument("--book-lengths", nargs="*", type=parse_length, default=[],
-                   help="book perplexity at these positions on held-out KJV books (empty: skipped)")
+    p.add_argument(
+        "--book-lengths",
+        nargs="*",
+        type=parse_length,
+        default=[],
+        help="book perplexity at these positions on held-out KJV books (empty: skipped)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--name", default="longcontext", help="results file name")
@@ -133,9 +165,18 @@ def main() -> None:
     all_readers, info = readers(args)
     tokenizer = info.pop("tokenizer")
     started = provenance()["git_commit"]  # the code that runs (files written later record the commit at writing)
-    result = {"command": " ".join(sys.argv), "started_at_commit": started, **info, "tasks": args.tasks,
-              "lengths": args.lengths,
-              "samples": args.samples, "readers": [r.name for r in all_readers], "rows": [], "table": {}, "book": {}}
+    result = {
+        "command": " ".join(sys.argv),
+        "started_at_commit": started,
+        **info,
+        "tasks": args.tasks,
+        "lengths": args.lengths,
+        "samples": args.samples,
+        "readers": [r.name for r in all_readers],
+        "rows": [],
+        "table": {},
+        "book": {},
+    }
     exported = {}
     for task in args.tasks:
         for length in args.lengths:
@@ -144,23 +185,32 @@ def main() -> None:
             exported[f"{task}_{length}"] = samples
             result["rows"] += answer_rows(all_readers, samples, tokenizer)
             result["table"] = accuracy_table(result["rows"])
-            scores = {r: v[str(length)]["accuracy"]
-                      for r, v in result["table"].get(task, {}).items() if str(length) in v}
-            print(f"{task:18} {length:>8}  " + "  ".join(f"{r} {a:.2f}" for r, a in scores.items())
-                  + f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+            scores = {
+                r: v[str(length)]["accuracy"] for r, v in result["table"].get(task, {}).items() if str(length) in v
+            }
+            print(
+                f"{task:18} {length:>8}  "
+                + "  ".join(f"{r} {a:.2f}" for r, a in scores.items())
+                + f"  ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
             path = write_result(args.name, result)
             plot(result, path.with_suffix(".png"))
     if args.book_lengths:
-        docs = tokenize_documents(load_corpus("kjv", 7)["test"],
-                                  tokenizer)  # the split examples/train_hmt.py holds out
+        docs = tokenize_documents(
+            load_corpus("kjv", 7)["test"], tokenizer
+        )  # the split examples/train_hmt.py holds out
         title, ids = max(zip(docs["title"], docs["input_ids"]), key=lambda d: len(d[1]))
         ids = torch.tensor(ids[: max(args.book_lengths)])
         result["book"] = {"document": title, "tokens": ids.numel(), "ppl": {}}
         for reader in all_readers:
             if reader.fits(ids.numel()):
                 result["book"]["ppl"][reader.name] = book_perplexity(reader, [ids], args.book_lengths)
-                print(f"book {reader.name:18} " + " ".join(f"{c}: {v['bin']:.2f}" for c, v in
-                                                          result["book"]["ppl"][reader.name].items()), flush=True)
+                print(
+                    f"book {reader.name:18} "
+                    + " ".join(f"{c}: {v['bin']:.2f}" for c, v in result["book"]["ppl"][reader.name].items()),
+                    flush=True,
+                )
         path = write_result(args.name, result)
     plot(result, path.with_suffix(".png"))
     if args.lm_eval_tasks:  # lm-eval is an optional extra: imported only when tasks are exported
@@ -172,41 +222,68 @@ def main() -> None:
 def readme_section(data: dict, name: str = "longcontext") -> str:
     """The README's long-context tables (one per task: accuracy per reader and length, with sample counts)."""
     prov = data.get("provenance", {})
-    lines = [f"`{data['command'].replace('benchmarks/longcontext.py', 'python benchmarks/longcontext.py')}` "
-             f"(commit `{(prov.get('git_commit') or '?')[:10]}`, {prov.get('device', 'cpu')}); backbone context "
-             f"{data['context']}, window {data['window']} tokens; accuracy (samples per cell in brackets):", ""]
+    lines = [
+        f"`{data['command'].replace('benchmarks/longcontext.py', 'python benchmarks/longcontext.py')}` "
+        f"(commit `{(prov.get('git_commit') or '?')[:10]}`, {prov.get('device', 'cpu')}); backbone context "
+        f"{data['context']}, window {data['window']} tokens; accuracy (samples per cell in brackets):",
+        "",
+    ]
     for task, by_reader in data["table"].items():
         lengths = sorted({int(c) for v in by_reader.values() for c in v})
-        lines += [f"**{task}**", "", "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |",
-                  "|---" * (len(lengths) + 1) + "|"]
+        lines += [
+            f"**{task}**",
+            "",
+            "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
         for reader in data["readers"]:
             cells = by_reader.get(reader, {})
-            lines.append(f"| `{reader}` | " + " | ".join(
-                f"{cells[str(c)]['accuracy']:.2f} ({cells[str(c)]['samples']})" if str(c) in cells else "not run"
-                for c in lengths) + " |")
+            lines.append(
+                f"| `{reader}` | "
+                + " | ".join(
+                    f"{cells[str(c)]['accuracy']:.2f} ({cells[str(c)]['samples']})" if str(c) in cells else "not run"
+                    for c in lengths
+                )
+                + " |"
+            )
         lines.append("")
     seconds = seconds_per_prompt(data["rows"])
     if seconds:
         lengths = sorted({int(c) for v in seconds.values() for c in v})
-        lines += ["**Seconds per prompt** (mean over the task samples above, this run's machine and load):", "",
-                  "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |",
-                  "|---" * (len(lengths) + 1) + "|"]
-        lines += [f"| `{r}` | " + " | ".join(f"{seconds[r][str(c)]:.1f}" if str(c) in seconds[r] else "not run"
-                                            for c in lengths) + " |" for r in data["readers"] if r in seconds]
+        lines += [
+            "**Seconds per prompt** (mean over the task samples above, this run's machine and load):",
+            "",
+            "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
+        lines += [
+            f"| `{r}` | "
+            + " | ".join(f"{seconds[r][str(c)]:.1f}" if str(c) in seconds[r] else "not run" for c in lengths)
+            + " |"
+            for r in data["readers"]
+            if r in seconds
+        ]
         lines.append("")
     if data.get("book", {}).get("ppl"):
         book = data["book"]
         lengths = list(next(iter(book["ppl"].values())))
-        lines += [f"**Book perplexity**, held-out KJV *{book['document']}*, tokens in (C/2, C]:", "",
-                  "| reader | " + " | ".join(lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-        lines += [f"| `{r}` | " + " | ".join(f"{v[c]['bin']:.2f}"
-                                             for c in lengths) + " |" for r, v in book["ppl"].items()]
+        lines += [
+            f"**Book perplexity**, held-out KJV *{book['document']}*, tokens in (C/2, C]:",
+            "",
+            "| reader | " + " | ".join(lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
+        lines += [
+            f"| `{r}` | " + " | ".join(f"{v[c]['bin']:.2f}" for c in lengths) + " |" for r, v in book["ppl"].items()
+        ]
         lines.append("")
     zero_shot = data.get("zero_shot", {}).get("readers", {})
     if zero_shot:
         lines += [f"Zero-shot readers (untrained, `--memory {data['zero_shot']['memory']}`):", ""]
-        lines += [f"- `{reader}`: {z['memory']} store, {store_size(z['config'])}; {z['untrained']}."
-                  for reader, z in zero_shot.items()]
+        lines += [
+            f"- `{reader}`: {z['memory']} store, {store_size(z['config'])}; {z['untrained']}."
+            for reader, z in zero_shot.items()
+        ]
         lines.append("")
     lines.append(f"![long-context accuracy](benchmarks/results/{name}.png)")
     return "\n".join(lines)
@@ -223,8 +300,15 @@ def seconds_per_prompt(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 def store_size(config: dict) -> str:
     """A zero-shot reader's segment and memory size, in the words of its config's fields."""
-    keys = ("memory_size", "select_size", "memory_window", "long_term_windows", "hippo_order", "num_memory_tokens",
-            "sensory_length")
+    keys = (
+        "memory_size",
+        "select_size",
+        "memory_window",
+        "long_term_windows",
+        "hippo_order",
+        "num_memory_tokens",
+        "sensory_length",
+    )
     sizes = ", ".join(f"{k} {config[k]}" for k in keys if config.get(k) is not None)
     return f"segment {config['segment_length']}" + (f", {sizes}" if sizes else "")
 

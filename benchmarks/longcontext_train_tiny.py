@@ -52,8 +52,12 @@ def collect(runs: dict[str, Path]) -> dict:
     for name, folder in runs.items():
         report = json.loads((folder / "report.json").read_text())
         out[name] = {"command": command(report["args"]), **report}
-    return {"task": "passkey", "backbone": "Llama trained from scratch with each memory (see args: layers, width)",
-            "chance_exact": 1e-5, "runs": out}
+    return {
+        "task": "passkey",
+        "backbone": "Llama trained from scratch with each memory (see args: layers, width)",
+        "chance_exact": 1e-5,
+        "runs": out,
+    }
 
 
 def plot(data: dict, path: Path) -> None:
@@ -61,14 +65,22 @@ def plot(data: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for name, run in data["runs"].items():
         rows = sorted(run["accuracy"].values(), key=lambda r: r["tokens"])
-        ax.plot([r["tokens"] for r in rows], [r["exact"] for r in rows], marker="o",
-                label=f"{name} (trained to {run['last_level_trained']} segments)")
+        ax.plot(
+            [r["tokens"] for r in rows],
+            [r["exact"] for r in rows],
+            marker="o",
+            label=f"{name} (trained to {run['last_level_trained']} segments)",
+        )
     longest_trained = max(run["last_level_trained"] * run["args"]["segment_length"] for run in data["runs"].values())
     ax.axvspan(0, longest_trained, color="0.9", label="trained lengths")
     ax.set_xscale("log")
-    ax.set(xlabel="prompt length (tokens)", ylabel="exact passkey accuracy", ylim=(-0.05, 1.05),
-           title=f"Tiny Llama + memory, curriculum to {max(max(r['args']['levels']) for r in data['runs'].values())} "
-                 f"segments of {next(iter(data['runs'].values()))['args']['segment_length']} tokens: passkey")
+    ax.set(
+        xlabel="prompt length (tokens)",
+        ylabel="exact passkey accuracy",
+        ylim=(-0.05, 1.05),
+        title=f"Tiny Llama + memory, curriculum to {max(max(r['args']['levels']) for r in data['runs'].values())} "
+        f"segments of {next(iter(data['runs'].values()))['args']['segment_length']} tokens: passkey",
+    )
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -82,23 +94,32 @@ def readme_section(data: dict) -> str:
     for name, run in runs.items():
         p = run["provenance"]
         evaluation = sum(r["seconds"] for r in run["accuracy"].values()) / 60
-        lines.append(f"- `{name}`: `{run['command']}` (commit `{(p.get('git_commit') or '?')[:10]}`, {p['device']}, "
-                     f"{p['machine']}): {run['steps']} steps to {run['last_level_trained']} segments in "
-                     f"{run['train_seconds'] / 60:.1f} min, evaluation {evaluation:.1f} min")
+        lines.append(
+            f"- `{name}`: `{run['command']}` (commit `{(p.get('git_commit') or '?')[:10]}`, {p['device']}, "
+            f"{p['machine']}): {run['steps']} steps to {run['last_level_trained']} segments in "
+            f"{run['train_seconds'] / 60:.1f} min, evaluation {evaluation:.1f} min"
+        )
     lengths = sorted({int(n) for run in runs.values() for n in run["accuracy"]})
     lines += ["", "| segments | tokens | " + " | ".join(runs) + " |", "|---|---|" + "---|" * len(runs)]
     for n in lengths:
         cells = []
         for run in runs.values():
             row = run["accuracy"].get(str(n))
-            cells.append("" if row is None else f"{row['exact']:.2f} ({row['correct']}/{row['samples']})"
-                         + ("" if row["trained"] else " \\*"))
+            cells.append(
+                ""
+                if row is None
+                else f"{row['exact']:.2f} ({row['correct']}/{row['samples']})" + ("" if row["trained"] else " \\*")
+            )
         tokens = n * next(iter(runs.values()))["args"]["segment_length"]
         lines.append(f"| {n} | {tokens:,} | " + " | ".join(cells) + " |")
-    lines += ["", "\\* a length never trained on. Exact match of the 5-digit key (chance 0.00001); samples per cell "
-              "in brackets, their needles at depths evenly spread from the start (0) to the end (1) of the haystack. "
-              f"Collected by `python benchmarks/{NAME}.py` ({prov.get('time', '')}).",
-              "", f"![passkey accuracy against length](benchmarks/results/{NAME}.png)"]
+    lines += [
+        "",
+        "\\* a length never trained on. Exact match of the 5-digit key (chance 0.00001); samples per cell "
+        "in brackets, their needles at depths evenly spread from the start (0) to the end (1) of the haystack. "
+        f"Collected by `python benchmarks/{NAME}.py` ({prov.get('time', '')}).",
+        "",
+        f"![passkey accuracy against length](benchmarks/results/{NAME}.png)",
+    ]
     return "\n".join(lines)
 
 

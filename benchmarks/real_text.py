@@ -64,26 +64,52 @@ BUCKETS = (0, 512, 2048, 8192)  # position of the predicted token: [0, 512), [51
 LATE = "2048-8192"
 VOCAB = 2048
 HELD_OUT = {"austen": ("Persuasion",), "kjv": ("Jeremiah",), "essays": ("worked", "popular")}
-BACKBONE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=4, max_position_embeddings=EVAL_TOKENS, tie_word_embeddings=True)
+BACKBONE = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=EVAL_TOKENS,
+    tie_word_embeddings=True,
+)
 L = SEGMENT
 # run -> (method or None, overrides at 64-token segments, what the row is). Memory sizes are per memory layer.
 RUNS: dict[str, tuple[str | None, dict, str]] = {
-    "sliding_window": (None, {}, f"bare backbone, causal sliding window of {L} tokens in every layer "
-                       "(MistralConfig.sliding_window)"),
+    "sliding_window": (
+        None,
+        {},
+        f"bare backbone, causal sliding window of {L} tokens in every layer (MistralConfig.sliding_window)",
+    ),
     "full_attention": (None, {}, f"bare backbone, full attention over the {WINDOW}-token training window"),
     "rmt": ("rmt", {}, "RMT, the method's default: 1 memory token"),
-    "hmt": ("hmt", {}, "HMT defaults: 32 sensory tokens, retrieval query from the last 32 tokens (L/2), "
-            "300 cached memory embeddings"),
+    "hmt": (
+        "hmt",
+        {},
+        "HMT defaults: 32 sensory tokens, retrieval query from the last 32 tokens (L/2), 300 cached memory embeddings",
+    ),
     "transformer_xl": ("transformer_xl", {}, f"XL preset: memory of one segment ({L} keys), all layers"),
-    "trams": ("trams", {"select_size": L},
-              f"TRAMS preset pool M = 8L = {8 * L}, attends m = {L} (XL's memory: equal attended keys), 3/4 newest"),
-    "memorizing_transformer": ("memorizing_transformer", {},
-                               f"preset: 10L = {10 * L} keys in layers 2 and 3, top-32 per query, keys at position 0"),
-    "elastic": ("elastic", {"hippo_order": 10 * L, "memory_layers": [2, 3]},
-                f"HiPPO order {10 * L} in layers 2 and 3 (Memorizing's memory: equal memory), {10 * L} memory tokens"),
-    "melodi": ("melodi", {}, "defaults: 16 summary/short-term tokens (L/4) in every layer, 8 long-term per window "
-               "(L/8) x 128 windows in layer 2"),
+    "trams": (
+        "trams",
+        {"select_size": L},
+        f"TRAMS preset pool M = 8L = {8 * L}, attends m = {L} (XL's memory: equal attended keys), 3/4 newest",
+    ),
+    "memorizing_transformer": (
+        "memorizing_transformer",
+        {},
+        f"preset: 10L = {10 * L} keys in layers 2 and 3, top-32 per query, keys at position 0",
+    ),
+    "elastic": (
+        "elastic",
+        {"hippo_order": 10 * L, "memory_layers": [2, 3]},
+        f"HiPPO order {10 * L} in layers 2 and 3 (Memorizing's memory: equal memory), {10 * L} memory tokens",
+    ),
+    "melodi": (
+        "melodi",
+        {},
+        "defaults: 16 summary/short-term tokens (L/4) in every layer, 8 long-term per window "
+        "(L/8) x 128 windows in layer 2",
+    ),
     "unimix": ("unimix", {}, f"preset: 10L = {10 * L} keys, window L + 4 global + top-4, 40 RMT tokens, layers 2-3"),
     "sliding_window_seed1": (None, {}, "sliding_window with another initialisation seed (the noise of a row)"),
 }
@@ -194,13 +220,21 @@ def train(model: torch.nn.Module, windows: torch.Tensor, batch: int, lr: float =
         schedule.step()
         losses.append(loss.item())
         if (step + 1) % log_every == 0:
-            print(f"  step {step + 1:5d}/{steps}  loss {sum(losses[-log_every:]) / log_every:.3f}  "
-                  f"{time.time() - start:.0f} s", flush=True)
+            print(
+                f"  step {step + 1:5d}/{steps}  loss {sum(losses[-log_every:]) / log_every:.3f}  "
+                f"{time.time() - start:.0f} s",
+                flush=True,
+            )
     model.eval()
     tenth = max(1, steps // 10)
     curve = [sum(losses[i : i + tenth]) / len(losses[i : i + tenth]) for i in range(0, steps, tenth)]
-    return {"steps": steps, "train_seconds": time.time() - start, "loss_first": losses[0],
-            "loss_last_tenth": curve[-1], "loss_by_tenth": curve}
+    return {
+        "steps": steps,
+        "train_seconds": time.time() - start,
+        "loss_first": losses[0],
+        "loss_last_tenth": curve[-1],
+        "loss_by_tenth": curve,
+    }
 
 
 @torch.no_grad()
@@ -213,8 +247,9 @@ def document_nll(name: str, model: torch.nn.Module, ids: torch.Tensor) -> dict[s
         receptive = config.num_hidden_layers * (config.sliding_window - 1) + 1
         assert WINDOW // 2 >= receptive, (WINDOW, receptive)
         return {"nll": sliding_window_nll(model, ids, window=WINDOW, stride=WINDOW // 2)}
-    whole = torch.nn.functional.cross_entropy(model(input_ids=ids[None]).logits[0, :-1].float(), ids[1:],
-                                              reduction="none")
+    whole = torch.nn.functional.cross_entropy(
+        model(input_ids=ids[None]).logits[0, :-1].float(), ids[1:], reduction="none"
+    )
     return {"nll": sliding_window_nll(model, ids, window=WINDOW, stride=WINDOW // 2), "whole_document": whole}
 
 
@@ -225,16 +260,24 @@ def bucket_stats(nll: torch.Tensor, buckets: Sequence[int] = BUCKETS) -> dict[st
     for lo, hi in zip(buckets[:-1], buckets[1:]):
         part = nll[(positions >= lo) & (positions < hi)].double()
         if part.numel():
-            out[f"{lo}-{hi}"] = {"nll_sum": float(part.sum()), "tokens": part.numel(),
-                                 "ppl": math.exp(float(part.mean()))}
+            out[f"{lo}-{hi}"] = {
+                "nll_sum": float(part.sum()),
+                "tokens": part.numel(),
+                "ppl": math.exp(float(part.mean())),
+            }
     return out
 
 
 def pooled(per_doc: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
     """Perplexity per bucket over all documents' tokens (summed NLL / summed count)."""
     keys = {k for stats in per_doc.values() for k in stats}
-    return {k: math.exp(sum(s[k]["nll_sum"] for s in per_doc.values() if k in s)
-                        / sum(s[k]["tokens"] for s in per_doc.values() if k in s)) for k in sorted(keys, key=_lo)}
+    return {
+        k: math.exp(
+            sum(s[k]["nll_sum"] for s in per_doc.values() if k in s)
+            / sum(s[k]["tokens"] for s in per_doc.values() if k in s)
+        )
+        for k in sorted(keys, key=_lo)
+    }
 
 
 def _lo(bucket: str) -> int:
@@ -264,8 +307,9 @@ def prepare(seed: int) -> tuple[PreTrainedTokenizerFast, list[list[int]], dict[s
     tokenizer = train_bpe([text for _, _, text in split["train"]], VOCAB)
     eos = tokenizer.eos_token_id
     train_ids = [row + [eos] for row in tokenizer([t for _, _, t in split["train"]])["input_ids"]]
-    held_out = {f"{c}/{t}": torch.tensor(tokenizer(text)["input_ids"][:EVAL_TOKENS])
-                for c, t, text in split["held_out"]}
+    held_out = {
+        f"{c}/{t}": torch.tensor(tokenizer(text)["input_ids"][:EVAL_TOKENS]) for c, t, text in split["held_out"]
+    }
     facts = {
         "train_documents": {c: sum(1 for x in split["train"] if x[0] == c) for c in HELD_OUT},
         "train_tokens": sum(len(r) for r in train_ids),
@@ -276,9 +320,18 @@ def prepare(seed: int) -> tuple[PreTrainedTokenizerFast, list[list[int]], dict[s
 
 
 def settings(steps: int, batch: int, seed: int) -> dict:
-    return {"segment_length": SEGMENT, "window": WINDOW, "steps": steps, "batch": batch, "data_seed": seed,
-            "training_tokens": steps * batch * WINDOW, "eval_tokens": EVAL_TOKENS, "buckets": list(BUCKETS),
-            "vocab": VOCAB, "backbone": BACKBONE}
+    return {
+        "segment_length": SEGMENT,
+        "window": WINDOW,
+        "steps": steps,
+        "batch": batch,
+        "data_seed": seed,
+        "training_tokens": steps * batch * WINDOW,
+        "eval_tokens": EVAL_TOKENS,
+        "buckets": list(BUCKETS),
+        "vocab": VOCAB,
+        "backbone": BACKBONE,
+    }
 
 
 def run(names: list[str], steps: int, batch: int, seed: int, out_name: str, update: bool) -> dict:
@@ -290,17 +343,31 @@ def run(names: list[str], steps: int, batch: int, seed: int, out_name: str, upda
     for name in names:
         print(f"{name}: {RUNS[name][2]}", flush=True)
         model = build(name, len(tokenizer), init_seed(name))
-        row = {"method": RUNS[name][0], "overrides": RUNS[name][1], "description": RUNS[name][2],
-               "init_seed": init_seed(name), "parameters": sum(p.numel() for p in model.parameters()),
-               "memory_floats": memory_floats(model)}
+        row = {
+            "method": RUNS[name][0],
+            "overrides": RUNS[name][1],
+            "description": RUNS[name][2],
+            "init_seed": init_seed(name),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "memory_floats": memory_floats(model),
+        }
         row.update(train(model, windows, batch))
         row["training_tokens"] = row["steps"] * batch * WINDOW
         row.update(evaluate(name, model, held_out))
         runs[name] = row
-        print(f"{name:24} " + "  ".join(f"{k}: {v:.2f}" for k, v in row["ppl"].items())
-              + f"  ({row['train_seconds']:.0f} s train, {row['eval_seconds']:.0f} s eval)", flush=True)
-        result = {"task": "real-text", "settings": config, "data": facts, "threads": torch.get_num_threads(),
-                  "runs": runs}
+        print(
+            f"{name:24} "
+            + "  ".join(f"{k}: {v:.2f}" for k, v in row["ppl"].items())
+            + f"  ({row['train_seconds']:.0f} s train, {row['eval_seconds']:.0f} s eval)",
+            flush=True,
+        )
+        result = {
+            "task": "real-text",
+            "settings": config,
+            "data": facts,
+            "threads": torch.get_num_threads(),
+            "runs": runs,
+        }
         path = write_result(out_name, result)
         plot(result, path.with_suffix(".png"))
     return result
@@ -313,8 +380,11 @@ def plot(result: dict, path: Path) -> None:
     for name, row in result["runs"].items():
         style = {"color": "black", "linewidth": 2.5} if name == "sliding_window" else {}
         ax.plot(buckets, [row["ppl"].get(b, float("nan")) for b in buckets], marker="o", label=name, **style)
-    ax.set(xlabel="position of the predicted token in the held-out document", ylabel="perplexity (pooled)",
-           title=f"From scratch, {result['settings']['training_tokens']:,} training tokens per run")
+    ax.set(
+        xlabel="position of the predicted token in the held-out document",
+        ylabel="perplexity (pooled)",
+        title=f"From scratch, {result['settings']['training_tokens']:,} training tokens per run",
+    )
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -331,7 +401,8 @@ def readme_section(data: dict, name: str = "real_text") -> str:
     s, runs = data["settings"], data["runs"]
     base = runs.get("sliding_window")
     options = ("" if list(runs) == list(RUNS) else " --runs " + " ".join(runs)) + (
-        "" if name == "real_text" else f" --name {name}")
+        "" if name == "real_text" else f" --name {name}"
+    )
     lines = [
         f"`python -m benchmarks.run real-text --steps {s['steps']} --batch {s['batch']}{options}` ({commit(data)}, "
         "under `nice`). Each run: the same 4-layer width-128 Llama (vocabulary "
@@ -352,25 +423,39 @@ def readme_section(data: dict, name: str = "real_text") -> str:
         cells += [f"{p.get(b, float('nan')):.2f}" for b in ("0-512", "512-2048", LATE)] + [diff]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     titles = list(data["data"]["held_out"])
-    lines += ["", "Late-position perplexity per held-out document:", "",
-              "| run | " + " | ".join(titles) + " |", "|---" * (len(titles) + 1) + "|"]
+    lines += [
+        "",
+        "Late-position perplexity per held-out document:",
+        "",
+        "| run | " + " | ".join(titles) + " |",
+        "|---" * (len(titles) + 1) + "|",
+    ]
     for name, row in runs.items():
         docs = row["per_document"]
-        lines.append(f"| `{name}` | " + " | ".join(f"{docs[t][LATE]['ppl']:.2f}" if LATE in docs[t] else "-"
-                                                   for t in titles) + " |")
+        lines.append(
+            f"| `{name}` | "
+            + " | ".join(f"{docs[t][LATE]['ppl']:.2f}" if LATE in docs[t] else "-" for t in titles)
+            + " |"
+        )
     lines += ["", "Rows: " + "; ".join(f"`{n}`: {r['description']}" for n, r in runs.items()) + "."]
     if "full_attention" in runs and "whole_document" in runs["full_attention"]:
         w = runs["full_attention"]["whole_document"]["ppl"]
-        lines += ["", f"`full_attention` is evaluated with a {s['window']}-token context (its training length, "
-                  "windows "
-                  f"every {s['window'] // 2} tokens). Read over the whole document at once, its positions past "
-                  f"{s['window']} were never trained: " + ", ".join(f"{b}: {v:.2f}" for b, v in w.items()) + "."]
+        lines += [
+            "",
+            f"`full_attention` is evaluated with a {s['window']}-token context (its training length, "
+            "windows "
+            f"every {s['window'] // 2} tokens). Read over the whole document at once, its positions past "
+            f"{s['window']} were never trained: " + ", ".join(f"{b}: {v:.2f}" for b, v in w.items()) + ".",
+        ]
     seeds = [runs[n]["ppl"][LATE] for n in ("sliding_window", "sliding_window_seed1") if n in runs]
     noise = abs(seeds[0] / seeds[1] - 1) if len(seeds) == 2 else None
     if noise is not None:
-        lines += ["", f"Noise: two initialisations of `sliding_window` differ by {100 * noise:.1f}% in late "
-                  "perplexity "
-                  f"({seeds[0]:.2f} and {seeds[1]:.2f}); differences below that are not resolved here."]
+        lines += [
+            "",
+            f"Noise: two initialisations of `sliding_window` differ by {100 * noise:.1f}% in late "
+            "perplexity "
+            f"({seeds[0]:.2f} and {seeds[1]:.2f}); differences below that are not resolved here.",
+        ]
     lines += ["", "The papers' orderings at this scale (late-position perplexity):", ""]
     for claim, better, other in ORDERINGS:
         if better in runs and other in runs:

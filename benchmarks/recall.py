@@ -67,8 +67,12 @@ def model_for(name: str, task: RecallTask, seed: int = 0) -> torch.nn.Module:
     """The run's model; `full_attention` is the bare backbone reading the whole sample at once."""
     method, overrides = RUNS[name]
     config = LlamaConfig(
-        vocab_size=task.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=64,
+        vocab_size=task.vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
     )
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_config(config)
@@ -84,18 +88,34 @@ def run(names: list[str], max_steps: int, gaps: tuple[int, ...] = (0, 1, 2, 4, 8
         model = model_for(name, task)
         start = time.time()
         history = train_recall(model, task, gaps=gaps, max_steps=max_steps)
-        row = {"method": RUNS[name][0], "overrides": RUNS[name][1], "steps": history[-1]["step"],
-               "last_gap_trained": history[-1]["gap"], "train_seconds": time.time() - start, "history": history}
+        row = {
+            "method": RUNS[name][0],
+            "overrides": RUNS[name][1],
+            "steps": history[-1]["step"],
+            "last_gap_trained": history[-1]["gap"],
+            "train_seconds": time.time() - start,
+            "history": history,
+        }
         for gap in EVAL_GAPS:
             digit, exact = task.accuracy(model, gap)
             row[f"gap{gap}"] = {"segments": gap + 2, "digit": digit, "exact": exact}
         row["probe"] = probe(model, task)
         results[name] = row
-        print(f"{name:24} steps {row['steps']:5d} (gap {row['last_gap_trained']}) "
-              + "  ".join(f"{g + 2} segments: exact {row[f'gap{g}']['exact']:.3f}" for g in EVAL_GAPS), flush=True)
-    return {"task": "recall", "segment_length": SEGMENT, "digits": 4, "chance": {"digit": 0.1, "exact": 1e-4},
-            "backbone": "Llama, 2 layers, width 128, 4 heads, vocabulary 64, trained from scratch",
-            "curriculum": list(gaps), "max_steps": max_steps, "runs": results}
+        print(
+            f"{name:24} steps {row['steps']:5d} (gap {row['last_gap_trained']}) "
+            + "  ".join(f"{g + 2} segments: exact {row[f'gap{g}']['exact']:.3f}" for g in EVAL_GAPS),
+            flush=True,
+        )
+    return {
+        "task": "recall",
+        "segment_length": SEGMENT,
+        "digits": 4,
+        "chance": {"digit": 0.1, "exact": 1e-4},
+        "backbone": "Llama, 2 layers, width 128, 4 heads, vocabulary 64, trained from scratch",
+        "curriculum": list(gaps),
+        "max_steps": max_steps,
+        "runs": results,
+    }
 
 
 def probe(model: torch.nn.Module, task: RecallTask, gap: int = EVAL_GAPS[0]) -> dict:
@@ -116,8 +136,11 @@ def probe_untrained(names: list[str], gaps: tuple[int, ...] = (0, 1, 8)) -> dict
     runs = {}
     for name in names:
         model = model_for(name, task)
-        runs[name] = {"method": RUNS[name][0], "overrides": RUNS[name][1],
-                      **{f"gap{gap}": probe(model, task, gap) for gap in gaps}}
+        runs[name] = {
+            "method": RUNS[name][0],
+            "overrides": RUNS[name][1],
+            **{f"gap{gap}": probe(model, task, gap) for gap in gaps},
+        }
         print(name, {g: runs[name][f"gap{g}"] for g in gaps}, flush=True)
     return {"task": "recall probe, untrained models", "segment_length": SEGMENT, "runs": runs}
 
@@ -135,8 +158,12 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     width = 0.38
     for i, gap in enumerate(EVAL_GAPS):
-        ax.bar([x + i * width for x in range(len(names))], [result["runs"][n][f"gap{gap}"]["exact"] for n in names],
-               width, label=f"{gap + 2} segments")
+        ax.bar(
+            [x + i * width for x in range(len(names))],
+            [result["runs"][n][f"gap{gap}"]["exact"] for n in names],
+            width,
+            label=f"{gap + 2} segments",
+        )
     ax.set_xticks([x + width / 2 for x in range(len(names))], names, rotation=30, ha="right")
     ax.set(ylabel="exact-key accuracy", ylim=(0, 1.25), title="Recall a 4-digit key from segment 1")
     ax.legend(loc="upper center", ncol=2)
@@ -153,8 +180,11 @@ def main() -> None:
     parser.add_argument("--name", default="recall", help="results file name in benchmarks/results/")
     parser.add_argument("--update", action="store_true", help="keep the file's other runs, replace these")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--probe-untrained", action="store_true",
-                        help="only probe the untrained models; writes <name>_probe_untrained.json")
+    parser.add_argument(
+        "--probe-untrained",
+        action="store_true",
+        help="only probe the untrained models; writes <name>_probe_untrained.json",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.probe_untrained:

@@ -39,29 +39,44 @@ def demo() -> str | None:
     lines = [f"What `make demo` printed (`benchmarks/results/demo/`, {commit(recall)}):", ""]
     needle = load("demo/needle")
     if needle is not None:
-        lines += [f"**Part 1: more context than the model was trained on, no training**: SmolLM2-135M (trained on "
-                  f"{needle['context']} tokens) asked about a {needle['length']}-token document (RULER single needle "
-                  f"in noise, needle at token {needle['needle_token']}, expected {needle['expected']}):", "",
-                  "| reader | answer | correct |", "|---|---|---|"]
+        lines += [
+            f"**Part 1: more context than the model was trained on, no training**: SmolLM2-135M (trained on "
+            f"{needle['context']} tokens) asked about a {needle['length']}-token document (RULER single needle "
+            f"in noise, needle at token {needle['needle_token']}, expected {needle['expected']}):",
+            "",
+            "| reader | answer | correct |",
+            "|---|---|---|",
+        ]
         lines += [f"| {r['reader']} | `{r['answer']}` | {'yes' if r['correct'] else 'no'} |" for r in needle["rows"]]
         lines.append("")
     part = 2 if needle is not None else 1
-    lines += [f"**Part {part}: recall**, a tiny Llama trained from scratch with HMT for {recall['steps']} steps "
-             f"({recall['train_seconds']:.0f} s): exact 4-digit key accuracy (chance 0.0001)", "",
-             "| segments (key in the first) | HMT memory | same backbone, one-segment window |", "|---|---|---|"]
+    lines += [
+        f"**Part {part}: recall**, a tiny Llama trained from scratch with HMT for {recall['steps']} steps "
+        f"({recall['train_seconds']:.0f} s): exact 4-digit key accuracy (chance 0.0001)",
+        "",
+        "| segments (key in the first) | HMT memory | same backbone, one-segment window |",
+        "|---|---|---|",
+    ]
     for gap, acc in sorted(recall["gaps"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"| {int(gap) + 2} | {acc['memory'][1]:.3f} | {acc['window'][1]:.3f} |")
     names = list(smol["ppl"])
     lengths = list(next(iter(smol["ppl"].values())))
-    lines += ["", f"**Part {part + 1}: SmolLM2-135M** on the held-out novel *{smol['document']}* with the shipped adapter "
-              f"(perplexity of the tokens in (C/2, C]; window {smol['window']} tokens):", "",
-              "| C | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [
+        "",
+        f"**Part {part + 1}: SmolLM2-135M** on the held-out novel *{smol['document']}* with the shipped adapter "
+        f"(perplexity of the tokens in (C/2, C]; window {smol['window']} tokens):",
+        "",
+        "| C | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
     for c in lengths:
         lines.append(f"| {c} | " + " | ".join(f"{smol['ppl'][n][c]['bin']:.2f}" for n in names) + " |")
     lines.append("| all | " + " | ".join(f"{smol['overall'][n]:.2f}" for n in names) + " |")
-    lines += ["",
-              "HMT continuing the novel (greedy, `generate` with memory): "
-              f"*\"{' '.join(smol['generation']['continuation'].split())}\"*"]
+    lines += [
+        "",
+        "HMT continuing the novel (greedy, `generate` with memory): "
+        f'*"{" ".join(smol["generation"]["continuation"].split())}"*',
+    ]
     return "\n".join(lines)
 
 
@@ -80,10 +95,13 @@ def infllm() -> str | None:
         return None
     commits = ", ".join(f"`{c[:10]}`" for c in sorted({r["commit"] for r in rows if r.get("commit")}))
     devices = ", ".join(sorted({r.get("device", "cpu") for r in rows}))
-    return (f"`python benchmarks/infllm.py --table` (SmolLM2-135M-Instruct, trained context 8192; fp32 on {devices}; "
-            f"commits {commits}): greedy answers of the bare model reading its last 8192 tokens, and of "
-            "`wrap_with_memory(base, \"infllm\")` (no training) reading the whole prompt; accuracy (samples n, 95% "
-            "Wilson interval). Lengths past 8k are past what the model was trained on.\n\n" + markdown_tables(rows).rstrip())
+    return (
+        f"`python benchmarks/infllm.py --table` (SmolLM2-135M-Instruct, trained context 8192; fp32 on {devices}; "
+        f"commits {commits}): greedy answers of the bare model reading its last 8192 tokens, and of "
+        '`wrap_with_memory(base, "infllm")` (no training) reading the whole prompt; accuracy (samples n, 95% '
+        "Wilson interval). Lengths past 8k are past what the model was trained on.\n\n"
+        + markdown_tables(rows).rstrip()
+    )
 
 
 def infllm_cost() -> str | None:
@@ -98,15 +116,20 @@ def recall() -> str | None:
     data = load("recall")
     if data is None:
         return None
-    lines = [f"`python -m benchmarks.run recall` ({commit(data)}); a 2-layer width-128 Llama trained from scratch per "
-             "method (curriculum over the gap: the run's last gap, at most `max steps`), exact 4-digit accuracy "
-             "(chance 0.0001):", "",
-             "| run | curriculum to | max steps | steps | last gap trained | 10 segments | 18 segments |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`python -m benchmarks.run recall` ({commit(data)}); a 2-layer width-128 Llama trained from scratch per "
+        "method (curriculum over the gap: the run's last gap, at most `max steps`), exact 4-digit accuracy "
+        "(chance 0.0001):",
+        "",
+        "| run | curriculum to | max steps | steps | last gap trained | 10 segments | 18 segments |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for result in (data, load("recall_gap16")):
         for name, r in (result or {"runs": {}})["runs"].items():
-            lines.append(f"| `{name}` | {result['curriculum'][-1]} | {result['max_steps']} | {r['steps']} | "
-                         f"{r['last_gap_trained']} | {r['gap8']['exact']:.3f} | {r['gap16']['exact']:.3f} |")
+            lines.append(
+                f"| `{name}` | {result['curriculum'][-1]} | {result['max_steps']} | {r['steps']} | "
+                f"{r['last_gap_trained']} | {r['gap8']['exact']:.3f} | {r['gap16']['exact']:.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -118,15 +141,22 @@ def ppl(corpus: str) -> Callable[[], str | None]:
         runs = data["runs"]
         lengths = list(next(iter(runs.values()))["ppl"])
         docs = ", ".join(f"{d['title']} ({d['tokens']} tokens)" for d in data["documents"])
-        lines = [f"Held-out {corpus}: {docs}; window {data['window']}, stride {data['stride']} ({commit(data)}). "
-                 "Perplexity of the tokens in (C/2, C]:", "", "| run | " + " | ".join(lengths) + " |",
-                 "|---" * (len(lengths) + 1) + "|"]
+        lines = [
+            f"Held-out {corpus}: {docs}; window {data['window']}, stride {data['stride']} ({commit(data)}). "
+            "Perplexity of the tokens in (C/2, C]:",
+            "",
+            "| run | " + " | ".join(lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
         for name, row in runs.items():
             lines.append(f"| `{name}` | " + " | ".join(f"{row['ppl'][c]['bin']:.2f}" for c in lengths) + " |")
         if "hmt" in runs:
             last, hmt = lengths[-1], runs["hmt"]["ppl"][lengths[-1]]["bin"]
-            deltas = [f"{100 * (hmt / row['ppl'][last]['bin'] - 1):+.1f}% against `{name}`"
-                      for name, row in runs.items() if name != "hmt"]
+            deltas = [
+                f"{100 * (hmt / row['ppl'][last]['bin'] - 1):+.1f}% against `{name}`"
+                for name, row in runs.items()
+                if name != "hmt"
+            ]
             lines += ["", f"`hmt` perplexity at C = {last}: " + ", ".join(deltas) + " (negative: HMT is better)."]
         return "\n".join(lines)
 
@@ -139,15 +169,19 @@ def cost() -> str | None:
         return None
     lengths = [str(n) for n in data["lengths"]]
     smol = data.get("decode_smollm2", {})
-    lines = [f"`python -m benchmarks.run cost` ({commit(data)}). Throughput: a 4-layer width-256 Llama over 16 "
-             "segments of 512 tokens against the bare backbone on the same segments; FLOPs counted by "
-             "`torch.utils.flop_counter` (attention: inside the attention modules, minus their projections); "
-             "decode: `generate` of one segment's worth of tokens after a 7.5-segment prompt (one fold into memory "
-             "per run) against the bare backbone's `generate` in one window, on the 4-layer model"
-             + (" and on SmolLM2-135M with 256-token segments (`--parts decode_smollm2`)" if smol else "") + "; "
-             f"stream / generate: the peak RSS (MB) a `step` stream of, or a `generate` after a prompt of, "
-             f"{', '.join(lengths)} tokens adds to the built 2-layer model, and in brackets the process's peak RSS at "
-             "the longest over the shortest (goal <= 1.05x).", ""]
+    lines = [
+        f"`python -m benchmarks.run cost` ({commit(data)}). Throughput: a 4-layer width-256 Llama over 16 "
+        "segments of 512 tokens against the bare backbone on the same segments; FLOPs counted by "
+        "`torch.utils.flop_counter` (attention: inside the attention modules, minus their projections); "
+        "decode: `generate` of one segment's worth of tokens after a 7.5-segment prompt (one fold into memory "
+        "per run) against the bare backbone's `generate` in one window, on the 4-layer model"
+        + (" and on SmolLM2-135M with 256-token segments (`--parts decode_smollm2`)" if smol else "")
+        + "; "
+        f"stream / generate: the peak RSS (MB) a `step` stream of, or a `generate` after a prompt of, "
+        f"{', '.join(lengths)} tokens adds to the built 2-layer model, and in brackets the process's peak RSS at "
+        "the longest over the shortest (goal <= 1.05x).",
+        "",
+    ]
     header = ["method", "tokens/s x bare", "FLOPs x bare", "attention FLOPs x bare", "decode x bare"]
     header += ["decode x bare (SmolLM2)"] * bool(smol) + ["stream peak MB added", "generate peak MB added"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -159,9 +193,13 @@ def cost() -> str | None:
     for name, r in data["throughput"].items():
         if name == "bare":
             continue
-        cells = [f"`{name}`", f"{r['speed_vs_bare']:.2f}", f"{r['flops_vs_bare']:.2f}",
-                 f"{r['attention_flops_vs_bare']:.2f}",
-                 f"{data['decode'][name]['vs_bare']:.2f}"]
+        cells = [
+            f"`{name}`",
+            f"{r['speed_vs_bare']:.2f}",
+            f"{r['flops_vs_bare']:.2f}",
+            f"{r['attention_flops_vs_bare']:.2f}",
+            f"{data['decode'][name]['vs_bare']:.2f}",
+        ]
         cells += [f"{smol[name]['vs_bare']:.2f}" if name in smol else "-"] * bool(smol)
         cells += [peaks(data["stream"][name]), peaks(data["generate"][name])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -179,12 +217,22 @@ def model_card_results() -> str | None:
         longest = list(runs["hmt"]["ppl"])[-1]
         doc = ", ".join(d["title"] for d in data["documents"])
         cells = {name: runs[name]["ppl"][longest]["bin"] for name in runs}
-        rows.append(f"| {corpus} ({doc}) | {longest} | " + " | ".join(f"{cells.get(n, float('nan')):.2f}"
-                                                                      for n in CARD_RUNS) + " |")
+        rows.append(
+            f"| {corpus} ({doc}) | {longest} | "
+            + " | ".join(f"{cells.get(n, float('nan')):.2f}" for n in CARD_RUNS)
+            + " |"
+        )
     head = "| held-out text | C | " + " | ".join(f"`{n}`" for n in CARD_RUNS) + " |"
-    return "\n".join(["Perplexity of the tokens in (C/2, C] of held-out documents (`python -m benchmarks.run "
-                      "ppl-vs-length`; runs explained in the hmt-adapters README):", "", head,
-                      "|---" * (len(CARD_RUNS) + 2) + "|", *rows])
+    return "\n".join(
+        [
+            "Perplexity of the tokens in (C/2, C] of held-out documents (`python -m benchmarks.run "
+            "ppl-vs-length`; runs explained in the hmt-adapters README):",
+            "",
+            head,
+            "|---" * (len(CARD_RUNS) + 2) + "|",
+            *rows,
+        ]
+    )
 
 
 CARD_RUNS = ("backbone_sliding_window", "baseline_sliding_window", "baseline", "hmt")
@@ -202,7 +250,8 @@ CARDS = {
     "smollm2-infllm": (
         "Not trained: InfLLM's training-free block retrieval (Xiao et al. 2024) with its released settings scaled to "
         "the backbone's 8k context (window 4096, 128 sink tokens, blocks of 128 tokens with 4 representative keys, "
-        f"the top 16 blocks per 512-token chunk), written by `wrap_with_memory(base, \"infllm\").save_pretrained`. {_BACKBONE}"
+        "the top 16 blocks per 512-token chunk), written by "
+        f'`wrap_with_memory(base, "infllm").save_pretrained`. {_BACKBONE}'
     ),
     "smollm2-hmt": (
         "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/smollm2_pipeline.sh`: `examples/train_hmt.py "
@@ -225,9 +274,11 @@ def infllm_card_results() -> str | None:
     rows = load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))
     if not rows:
         return None
-    return ("Accuracy of greedy answers on SmolLM2-135M-Instruct (8k context), the bare model in its context against "
-            "this configuration far past it (`python benchmarks/infllm.py --table`; sample count and 95% Wilson "
-            "interval per cell; docs/infllm.md in hmt-adapters explains the runs):\n\n" + markdown_tables(rows))
+    return (
+        "Accuracy of greedy answers on SmolLM2-135M-Instruct (8k context), the bare model in its context against "
+        "this configuration far past it (`python benchmarks/infllm.py --table`; sample count and 95% Wilson "
+        "interval per cell; docs/infllm.md in hmt-adapters explains the runs):\n\n" + markdown_tables(rows)
+    )
 
 
 def model_cards() -> None:
@@ -257,13 +308,16 @@ def support_matrix() -> str | None:
         return None
     methods, cells = data["methods"], data["cells"]
     reasons: dict[str, int] = {}
-    lines = [f"`python benchmarks/support_matrix.py` (transformers {data['transformers']}, {commit(data)}); every "
-             "`yes` cell passes `tests/test_families.py`; a numbered cell raises `NotImplementedError` naming the "
-             "method, the family and the reason below. *memory reads*: Transformer-XL with memory covering the "
-             "document against the bare backbone reading it whole (`exact`: below 1e-5 in fp32; a family takes "
-             "attention memory only where they are exact).", "",
-             "| family (`model_type`: class) | " + " | ".join(methods) + " | memory reads |",
-             "|---" * (len(methods) + 2) + "|"]
+    lines = [
+        f"`python benchmarks/support_matrix.py` (transformers {data['transformers']}, {commit(data)}); every "
+        "`yes` cell passes `tests/test_families.py`; a numbered cell raises `NotImplementedError` naming the "
+        "method, the family and the reason below. *memory reads*: Transformer-XL with memory covering the "
+        "document against the bare backbone reading it whole (`exact`: below 1e-5 in fp32; a family takes "
+        "attention memory only where they are exact).",
+        "",
+        "| family (`model_type`: class) | " + " | ".join(methods) + " | memory reads |",
+        "|---" * (len(methods) + 2) + "|",
+    ]
     reads = data.get("memory_reads", {})
     for family, cls in data["families"].items():
         row = []
@@ -279,17 +333,25 @@ def support_matrix() -> str | None:
         lines.append(f"| `{family}`: {cls} | " + " | ".join(row) + " |")
     lines.append("")
     lines += [f"{n}. {reason}." for reason, n in reasons.items()]
-    lines += ["", "\\* hybrid: memory in its attention layers, named explicitly (`memory_layers=[...]`; MELODI "
-              "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise "
-              "a `ValueError` naming the attention layers."]
+    lines += [
+        "",
+        "\\* hybrid: memory in its attention layers, named explicitly (`memory_layers=[...]`; MELODI "
+        "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise "
+        "a `ValueError` naming the attention layers.",
+    ]
     return "\n".join(lines)
 
 
 def longcontext() -> str | None:
     from longcontext import readme_section
 
-    names = ("longcontext_methods_passkey", "longcontext_methods_niah", "longcontext", "longcontext_niah_qa",
-             "longcontext_more")
+    names = (
+        "longcontext_methods_passkey",
+        "longcontext_methods_niah",
+        "longcontext",
+        "longcontext_niah_qa",
+        "longcontext_more",
+    )
     runs = {name: load(name) for name in names}
     sections = [readme_section(data, name) for name, data in runs.items() if data is not None]
     return "\n\n".join(sections) if sections else None
@@ -314,12 +376,14 @@ def version_matrix() -> str | None:
     data = load("version_matrix")
     if data is None or not data.get("rows"):
         return None
-    lines = [f"`{data['command']}`: one fresh venv per row, the package built from the working tree; `floor` pins "
-             "every dependency to its declared floor, the other rows pin the lock (`constraints.txt`) with "
-             "transformers at that release.", "",
-             "| row | transformers | tokenizers | huggingface_hub | peft | tests | result | first failing test | "
-             "commit |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`{data['command']}`: one fresh venv per row, the package built from the working tree; `floor` pins "
+        "every dependency to its declared floor, the other rows pin the lock (`constraints.txt`) with "
+        "transformers at that release.",
+        "",
+        "| row | transformers | tokenizers | huggingface_hub | peft | tests | result | first failing test | commit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in data["rows"]:
         got = row.get("installed", {})
         if "install_failed" in row:
@@ -328,16 +392,29 @@ def version_matrix() -> str | None:
             outcome = "passed" if row["passed"] else "failed"
             demo = "demo smoke ok" if row["demo_smoke_returncode"] == 0 else "demo smoke FAILED"
             tests = f"{row['tests']}: {row['pytest_summary'].strip('= ')}; {demo}"
-        lines.append(f"| {row['row']} | {got.get('transformers', '-')} | {got.get('tokenizers', '-')} | "
-                     f"{got.get('huggingface-hub', '-')} | {got.get('peft', '-')} | {tests} | {outcome} | "
-                     f"{row.get('first_failing_test') or '-'} | `{row['provenance']['git_commit'][:10]}` |")
+        lines.append(
+            f"| {row['row']} | {got.get('transformers', '-')} | {got.get('tokenizers', '-')} | "
+            f"{got.get('huggingface-hub', '-')} | {got.get('peft', '-')} | {tests} | {outcome} | "
+            f"{row.get('first_failing_test') or '-'} | `{row['provenance']['git_commit'][:10]}` |"
+        )
     return "\n".join(lines)
 
 
-SECTIONS = {"infllm-headline": infllm, "infllm": infllm, "infllm-cost": infllm_cost, "support-matrix": support_matrix,
-            "demo-results": demo, "recall": recall, "ppl-austen": ppl("austen"), "ppl-kjv": ppl("kjv"), "cost": cost,
-            "longcontext": longcontext, "longcontext-tiny": longcontext_tiny, "real-text": real_text,
-            "version-matrix": version_matrix}
+SECTIONS = {
+    "infllm-headline": infllm,
+    "infllm": infllm,
+    "infllm-cost": infllm_cost,
+    "support-matrix": support_matrix,
+    "demo-results": demo,
+    "recall": recall,
+    "ppl-austen": ppl("austen"),
+    "ppl-kjv": ppl("kjv"),
+    "cost": cost,
+    "longcontext": longcontext,
+    "longcontext-tiny": longcontext_tiny,
+    "real-text": real_text,
+    "version-matrix": version_matrix,
+}
 
 
 def record_demo(folder: str) -> None:
@@ -347,8 +424,9 @@ def record_demo(folder: str) -> None:
         if name == "needle" and not source.is_file():  # demo runs before the needle part was added
             continue
         if not source.is_file():
-            raise SystemExit(f"--demo-output {folder!r} has no {name}.json: run `make demo` (DEMO_OUTPUT={folder}) "
-                             "first")
+            raise SystemExit(
+                f"--demo-output {folder!r} has no {name}.json: run `make demo` (DEMO_OUTPUT={folder}) first"
+            )
         write_result(f"demo/{name}", {"command": "make demo", **json.loads(source.read_text())})
 
 
@@ -368,8 +446,10 @@ def main() -> None:
         pages = [page for page, text in texts.items() if pattern.search(text)]
         if len(pages) != 1:
             found = ", ".join(str(p.relative_to(ROOT)) for p in pages) or "none"
-            raise SystemExit(f"<!-- {name}:start/end --> markers must be in exactly one page of README.md, docs/*.md; "
-                             f"found in: {found}")
+            raise SystemExit(
+                f"<!-- {name}:start/end --> markers must be in exactly one page of README.md, docs/*.md; "
+                f"found in: {found}"
+            )
         if pages[0].parent != ROOT:  # links the renderers write from the repository root, made relative to the page
             table = table.replace("](benchmarks/", "](../benchmarks/")
         texts[pages[0]] = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), texts[pages[0]])

@@ -17,16 +17,24 @@ TASKS = {
     "elastic": ("elastic.py", "HiPPO reconstruction (Table 12), Elastic Memory throughput and state size"),
     "melodi": ("melodi.py", "MELODI memory bytes against XL/Memorizing, throughput"),
     "training-memory": ("training_memory.py", "peak training memory against BPTT depth, offload/checkpointing"),
-    "last-segment-loss": ("last_segment_loss.py",
-                          "last-segment loss at depth 16: the head skip against every-token loss"),
+    "last-segment-loss": (
+        "last_segment_loss.py",
+        "last-segment loss at depth 16: the head skip against every-token loss",
+    ),
     "support-matrix": ("support_matrix.py", "the family x method matrix of tests/test_families.py, for the README"),
-    "version-matrix": ("version_matrix.py",
-                       "a fresh venv per release row (floors; every transformers minor): smoke tests and demo smoke"),
+    "version-matrix": (
+        "version_matrix.py",
+        "a fresh venv per release row (floors; every transformers minor): smoke tests and demo smoke",
+    ),
     "longcontext": ("longcontext.py", "passkey, RULER, BABILong-style QA, book ppl: adapters vs the backbone, 4k-1M"),
-    "longcontext-train-tiny": ("longcontext_train_tiny.py",
-                               "collect examples/train_longcontext.py runs: passkey to 1M tokens"),
-    "real-text": ("real_text.py",
-                  "a tiny Llama from scratch per method on real long text: ppl by position vs sliding window"),
+    "longcontext-train-tiny": (
+        "longcontext_train_tiny.py",
+        "collect examples/train_longcontext.py runs: passkey to 1M tokens",
+    ),
+    "real-text": (
+        "real_text.py",
+        "a tiny Llama from scratch per method on real long text: ppl by position vs sliding window",
+    ),
     "readme": ("render_readme.py", "render the README's result tables from benchmarks/results/"),
 }
 

@@ -51,8 +51,10 @@ def main() -> None:
     first = statistics.median(times[args.methods[0]][args.skip :])
     for m in args.methods:
         late = times[m][args.skip :]
-        print(f"{m:24} {statistics.median(late) * 1e3:8.1f} ms  (single segments {min(late) * 1e3:.1f}-"
-              f"{max(late) * 1e3:.1f})  x {args.methods[0]}: {statistics.median(late) / first:.2f}")
+        print(
+            f"{m:24} {statistics.median(late) * 1e3:8.1f} ms  (single segments {min(late) * 1e3:.1f}-"
+            f"{max(late) * 1e3:.1f})  x {args.methods[0]}: {statistics.median(late) / first:.2f}"
+        )
 
 
 if __name__ == "__main__":

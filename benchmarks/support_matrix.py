@@ -80,14 +80,17 @@ def main() -> None:
             cells[f"{method}/{family}"] = cell(method, family)
         reads[family] = memory_reads(family, cells[f"transformer_xl/{family}"]["outcome"] == "refused")
         print(family, " ".join(cells[f"{m}/{family}"]["outcome"] for m in METHOD_CASES), reads[family], flush=True)
-    write_result("support_matrix", {
-        "command": "python benchmarks/support_matrix.py",
-        "transformers": transformers.__version__,
-        "methods": list(METHOD_CASES),
-        "families": classes,
-        "cells": cells,
-        "memory_reads": reads,
-    })
+    write_result(
+        "support_matrix",
+        {
+            "command": "python benchmarks/support_matrix.py",
+            "transformers": transformers.__version__,
+            "methods": list(METHOD_CASES),
+            "families": classes,
+            "cells": cells,
+            "memory_reads": reads,
+        },
+    )
 
 
 if __name__ == "__main__":

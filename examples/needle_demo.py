@@ -40,8 +40,9 @@ def run(out_dir: str, length: int = 16384, **infllm_fields: int) -> dict:
     new_tokens = 12
     kept = ids[:, -(context_size - new_tokens) :]  # what the bare model can read: its trained context, answer included
     with torch.no_grad():
-        bare = base.generate(kept, attention_mask=torch.ones_like(kept), max_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=pad)
+        bare = base.generate(
+            kept, attention_mask=torch.ones_like(kept), max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad
+        )
     bare_answer = tokenizer.decode(bare[0, kept.shape[1] :], skip_special_tokens=True).strip()
     model = ha.wrap_with_memory(base, "infllm", **infllm_fields).eval()
     memory_answer = ha.ask(model, document, question, tokenizer, max_new_tokens=new_tokens)
@@ -51,8 +52,15 @@ def run(out_dir: str, length: int = 16384, **infllm_fields: int) -> dict:
     ]
     for row in rows:
         row["correct"] = bool(score(sample.extra["metric"], row["answer"], sample.answers))
-    result = {"length": ids.shape[1], "context": context_size, "needle_token": sample.inserts[0].position,
-              "expected": sample.answers[0], "question": question, "rows": rows, "seconds": time.time() - start}
+    result = {
+        "length": ids.shape[1],
+        "context": context_size,
+        "needle_token": sample.inserts[0].position,
+        "expected": sample.answers[0],
+        "question": question,
+        "rows": rows,
+        "seconds": time.time() - start,
+    }
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "needle.json"), "w") as fh:
         json.dump(result, fh, indent=1)
@@ -60,9 +68,14 @@ def run(out_dir: str, length: int = 16384, **infllm_fields: int) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = [f"A {result['length']}-token document (the model was trained on {result['context']}), the needle at token "
-             f"{result['needle_token']}; expected answer {result['expected']}.", f"Question: {result['question']!r}",
-             "", "| reader | answer | correct |", "|---|---|---|"]
+    lines = [
+        f"A {result['length']}-token document (the model was trained on {result['context']}), the needle at token "
+        f"{result['needle_token']}; expected answer {result['expected']}.",
+        f"Question: {result['question']!r}",
+        "",
+        "| reader | answer | correct |",
+        "|---|---|---|",
+    ]
     lines += [f"| {r['reader']} | {r['answer']!r} | {'yes' if r['correct'] else 'no'} |" for r in result["rows"]]
     return "\n".join(lines) + f"\n({result['seconds']:.0f} s)"
 

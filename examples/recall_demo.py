@@ -31,8 +31,12 @@ def build_model(task: RecallTask, seed: int = 0) -> ha.MemoryModel:
     shortcut that the curriculum's first stage (gap 0) would learn and the later stages would have to unlearn.
     """
     config = LlamaConfig(
-        vocab_size=task.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=64,
+        vocab_size=task.vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
     )
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_config(config)
@@ -71,8 +75,12 @@ def plot(results: dict, path: str) -> None:
     for key, label in (("memory", "HMT memory"), ("window", "one-segment window (no memory)")):
         ax.plot([g + 2 for g in gaps], [results["gaps"][g][key][1] for g in gaps], marker="o", label=label)
     ax.axhline(1e-4, color="grey", linestyle=":", label="chance (exact key)")
-    ax.set(xlabel="segments in the sample (key, noise segments, query)", ylabel="exact-key accuracy", xscale="log",
-           ylim=(-0.02, 1.02))
+    ax.set(
+        xlabel="segments in the sample (key, noise segments, query)",
+        ylabel="exact-key accuracy",
+        xscale="log",
+        ylim=(-0.02, 1.02),
+    )
     ax.set_xticks([g + 2 for g in gaps], [str(g + 2) for g in gaps])
     ax.legend(fontsize=8)
     fig.tight_layout()

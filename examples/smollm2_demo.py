@@ -78,8 +78,12 @@ def plot(result: dict, path: str) -> None:
     for name, rows in result["ppl"].items():
         lengths = [int(c) for c in rows]
         ax.plot(lengths, [rows[str(c)]["bin"] for c in lengths], marker="o", label=name)
-    ax.set(xscale="log", xlabel="position in the novel (tokens; bin (C/2, C])", ylabel="perplexity",
-           title=f"SmolLM2-135M on {result['document']} (held out)")
+    ax.set(
+        xscale="log",
+        xlabel="position in the novel (tokens; bin (C/2, C])",
+        ylabel="perplexity",
+        title=f"SmolLM2-135M on {result['document']} (held out)",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -40,8 +40,9 @@ logger = logging.getLogger("train_hmt")
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a local causal-LM folder with its tokenizer (default: SmolLM2-135M)")
-    p.add_argument("--corpus", default="austen",
-                   help="austen, kjv, a .txt/.jsonl file or folder, or a Hub dataset name")
+    p.add_argument(
+        "--corpus", default="austen", help="austen, kjv, a .txt/.jsonl file or folder, or a Hub dataset name"
+    )
     p.add_argument("--test-documents", type=int, default=1, help="documents held out for evaluation")
     p.add_argument("--eval-tokens", type=int, default=8192, help="tokens read from each held-out document")
     p.add_argument("--output", default="runs/hmt")
@@ -54,12 +55,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage1-steps", type=int, default=100)
     p.add_argument("--stage2-steps", type=int, default=200)
     p.add_argument("--stage2-segments", type=int, default=8)
-    p.add_argument("--min-segments", type=int, default=1,
-                   help="drop windows with fewer full segments (capped at 2 in stage 1)")
-    p.add_argument("--loss-segments", type=int, default=None,
-                   help="loss on each window's last k segments only (paper: 1)")
-    p.add_argument("--stride-segments", type=int, default=None,
-                   help="a window ends every s segments (paper: 1; default: no overlap)")
+    p.add_argument(
+        "--min-segments", type=int, default=1, help="drop windows with fewer full segments (capped at 2 in stage 1)"
+    )
+    p.add_argument(
+        "--loss-segments", type=int, default=None, help="loss on each window's last k segments only (paper: 1)"
+    )
+    p.add_argument(
+        "--stride-segments",
+        type=int,
+        default=None,
+        help="a window ends every s segments (paper: 1; default: no overlap)",
+    )
     p.add_argument("--batch-size", type=int, default=2, help="per device")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lora", action="store_true", help="train LoRA (rank 8) on the backbone too")
@@ -68,8 +75,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--deepspeed", default=None, help=f"{list(DEEPSPEED_CONFIGS)} or a DeepSpeed JSON file")
     p.add_argument("--save-steps", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--expect-processes", type=int, default=None,
-                   help="fail unless this many processes run (default: WORLD_SIZE)")
+    p.add_argument(
+        "--expect-processes", type=int, default=None, help="fail unless this many processes run (default: WORLD_SIZE)"
+    )
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
     return p.parse_args()
 
@@ -88,19 +96,27 @@ def main() -> None:
         base = transformers.AutoModelForCausalLM.from_pretrained(args.model)
         tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     corpus = load_corpus(args.corpus, args.test_documents)
-    logger.info("corpus %s: %d training / %d held-out documents", args.corpus, len(corpus["train"]),
-                len(corpus["test"]))
+    logger.info(
+        "corpus %s: %d training / %d held-out documents", args.corpus, len(corpus["train"]), len(corpus["test"])
+    )
     train_docs = tokenize_documents(corpus["train"], tokenizer)
     eval_docs = tokenize_documents(corpus["test"], tokenizer).map(
-        lambda r: {"input_ids": r["input_ids"][: args.eval_tokens]})
+        lambda r: {"input_ids": r["input_ids"][: args.eval_tokens]}
+    )
 
     if args.lora:
         base = add_lora(base)
     switches = dict(gradient_checkpointing=args.gradient_checkpointing, offload_activations=args.offload_activations)
     if args.method == "hmt":
         model = ha.wrap_with_memory(
-            base, "hmt", segment_length=args.segment_length, sensory_length=args.sensory_length,
-            memory_window=args.memory_window, retrieval_dim=args.retrieval_dim, use_retrieval=False, **switches,
+            base,
+            "hmt",
+            segment_length=args.segment_length,
+            sensory_length=args.sensory_length,
+            memory_window=args.memory_window,
+            retrieval_dim=args.retrieval_dim,
+            use_retrieval=False,
+            **switches,
         )
         stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments, args.min_segments)
     else:
@@ -113,15 +129,30 @@ def main() -> None:
         ]
     cuda = torch.cuda.is_available()
     training_args = dict(
-        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
-        learning_rate=args.lr, weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="cosine",
-        logging_steps=1, save_steps=args.save_steps, save_total_limit=2, seed=args.seed,
-        use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported(),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        lr_scheduler_type="cosine",
+        logging_steps=1,
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        seed=args.seed,
+        use_cpu=not cuda,
+        bf16=cuda and torch.cuda.is_bf16_supported(),
     )
     model = train_stages(
-        model, stages, train_docs, args.output, training_args=training_args, eval_documents=eval_docs,
-        deepspeed=args.deepspeed, pad_token_id=tokenizer.pad_token_id or 0,
-        loss_segments=args.loss_segments, stride_segments=args.stride_segments,
+        model,
+        stages,
+        train_docs,
+        args.output,
+        training_args=training_args,
+        eval_documents=eval_docs,
+        deepspeed=args.deepspeed,
+        pad_token_id=tokenizer.pad_token_id or 0,
+        loss_segments=args.loss_segments,
+        stride_segments=args.stride_segments,
         callbacks=[LaunchReport(args.expect_processes)],
     )
     if not state.is_main_process:
@@ -131,8 +162,9 @@ def main() -> None:
             history = json.load(fh)["log_history"]
         loss = next((h["eval_loss"] for h in reversed(history) if "eval_loss" in h), math.nan)
         logger.info("%s: held-out loss %.4f, perplexity %.2f", stage.name, loss, math.exp(loss))
-    logger.info("adapter: %s (load with MemoryModel.from_pretrained(base, path))",
-                os.path.join(args.output, stages[-1].name))
+    logger.info(
+        "adapter: %s (load with MemoryModel.from_pretrained(base, path))", os.path.join(args.output, stages[-1].name)
+    )
 
 
 if __name__ == "__main__":

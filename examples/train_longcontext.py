@@ -57,18 +57,29 @@ from common import provenance, train_bpe  # noqa: E402  (the run record and toke
 IGNORE = -100
 
 
-def tiny_backbone(haystack: str, seed: int, layers: int = 2,
-                  width: int = 128) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def tiny_backbone(
+    haystack: str, seed: int, layers: int = 2, width: int = 128
+) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A `layers`-layer Llama of width `width` from scratch and a byte-level BPE (vocabulary 512) trained on the
     haystack and the task templates (short prompts, so that short curriculum levels fit)."""
-    templates = [tasks.PASSKEY_HEAD, tasks.RULER_NIAH_HEAD, tasks.RULER_NEEDLE,
-                 "What is the pass key? The pass key is",
-                 "The special magic number for mentioned in the provided text is",
-                 " ".join(tasks.ADJECTIVES + tasks.NOUNS)]
+    templates = [
+        tasks.PASSKEY_HEAD,
+        tasks.RULER_NIAH_HEAD,
+        tasks.RULER_NEEDLE,
+        "What is the pass key? The pass key is",
+        "The special magic number for mentioned in the provided text is",
+        " ".join(tasks.ADJECTIVES + tasks.NOUNS),
+    ]
     tokenizer = train_bpe([haystack_text(haystack)[:200_000]] + templates * 50, 512)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config), tokenizer
 
@@ -98,8 +109,14 @@ def parse_method_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def build_model(base: torch.nn.Module, method: str, segment_length: int, max_segments: int,
-                options: dict[str, Any] | None = None, freeze_backbone: bool = False) -> ha.MemoryModel:
+def build_model(
+    base: torch.nn.Module,
+    method: str,
+    segment_length: int,
+    max_segments: int,
+    options: dict[str, Any] | None = None,
+    freeze_backbone: bool = False,
+) -> ha.MemoryModel:
     """`base` wrapped with any registered `method`: the recipe's settings for it, updated by `options`."""
     if method not in ha.available_methods():
         raise ValueError(f"Unknown --method {method!r}; choose one of {ha.available_methods()}.")
@@ -136,8 +153,9 @@ def eval_depths(samples: int) -> list[float]:
     return [0.5] if samples == 1 else [i / (samples - 1) for i in range(samples)]
 
 
-def batch(task: str, tokenizer, length: int, size: int, seed: int, haystack: str,
-          depths: list[float] | None = None) -> tuple[dict[str, torch.Tensor], list[int]]:
+def batch(
+    task: str, tokenizer, length: int, size: int, seed: int, haystack: str, depths: list[float] | None = None
+) -> tuple[dict[str, torch.Tensor], list[int]]:
     """`size` samples of `length` prompt tokens with the answer appended, labels only on the answer tokens (needles
     at `depths`, else at random depths); and each sample's needle position in tokens."""
     if depths is not None and len(depths) != size:
@@ -162,8 +180,9 @@ def eval_chunk(batch_size: int, segment_length: int, vocab_size: int, logits_byt
 
 
 @torch.no_grad()
-def answer_hits(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int,
-                progress: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def answer_hits(
+    model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int, progress: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced argmax == answer per sample and answer token (`[batch, answer tokens]`), and each sample's
     answer NLL in nats per token (`[batch]`); the prompt streamed `chunk` tokens at a time (a token progress bar
     titled `progress` if given)."""
@@ -197,35 +216,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="tiny model: layers")
     p.add_argument("--width", type=int, default=128, help="tiny model: hidden size")
     p.add_argument("--method", default="rmt", choices=ha.available_methods())
-    p.add_argument("--method-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config field of the method (repeatable), e.g. num_memory_tokens=16 or detach_memory=False")
+    p.add_argument(
+        "--method-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config field of the method (repeatable), e.g. num_memory_tokens=16 or detach_memory=False",
+    )
     p.add_argument("--task", default="passkey", choices=["passkey", "niah_single"])
     p.add_argument("--haystack", default="repeat", choices=["repeat", "essays", "kjv"])
     p.add_argument("--segment-length", type=int, default=64)
     p.add_argument("--levels", type=int, nargs="+", default=[2, 4, 8, 16], help="curriculum: segments per sample")
-    p.add_argument("--eval-segments", type=int, nargs="+", default=[64, 256, 1024, 16384],
-                   help="lengths never trained on (16384 segments of 64 tokens = 1M tokens)")
+    p.add_argument(
+        "--eval-segments",
+        type=int,
+        nargs="+",
+        default=[64, 256, 1024, 16384],
+        help="lengths never trained on (16384 segments of 64 tokens = 1M tokens)",
+    )
     p.add_argument("--eval-samples", type=int, default=8, help="samples per evaluated length (needle depths 0 to 1)")
     p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--max-minutes", type=float, default=None,
-                   help="stop training after this much wall time (then save and evaluate as after --max-steps)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop training after this much wall time (then save and evaluate as after --max-steps)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--batch-tokens", type=int, default=4096,
-                   help="at most this many tokens per training batch: longer levels take fewer samples")
-    p.add_argument("--warmup-depth", type=depth_or_none, default=0.0,
-                   help="a first stage at the first level with every needle at this depth ('none': no such stage)")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=4096,
+        help="at most this many tokens per training batch: longer levels take fewer samples",
+    )
+    p.add_argument(
+        "--warmup-depth",
+        type=depth_or_none,
+        default=0.0,
+        help="a first stage at the first level with every needle at this depth ('none': no such stage)",
+    )
     p.add_argument("--eval-size", type=int, default=32, help="fixed batch that decides the curriculum")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--advance-at", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
-    p.add_argument("--train-backbone", action="store_true",
-                   help="pretrained backbone: train all its weights too (full fine-tuning; the fine-tuned backbone is "
-                        "not saved: transformers refuses to serialise the GGUF-converted SmolLM2; the report keeps "
-                        "the accuracies)")
+    p.add_argument(
+        "--train-backbone",
+        action="store_true",
+        help="pretrained backbone: train all its weights too (full fine-tuning; the fine-tuned backbone is "
+        "not saved: transformers refuses to serialise the GGUF-converted SmolLM2; the report keeps "
+        "the accuracies)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--init-from", metavar="FOLDER",
-                   help="continue from a previous run's --output (its adapter; for --model tiny also its backbone)")
+    p.add_argument(
+        "--init-from",
+        metavar="FOLDER",
+        help="continue from a previous run's --output (its adapter; for --model tiny also its backbone)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="runs/longcontext")
     return p.parse_args(argv)
@@ -257,16 +304,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
         model = load_for_training(base, os.path.join(args.init_from, "adapter"), freeze)
         if model.memory_config.segment_length != seg:
-            raise ValueError(f"--init-from {args.init_from} has segment_length {model.memory_config.segment_length}; "
-                             f"pass --segment-length {model.memory_config.segment_length}, not {seg}.")
+            raise ValueError(
+                f"--init-from {args.init_from} has segment_length {model.memory_config.segment_length}; "
+                f"pass --segment-length {model.memory_config.segment_length}, not {seg}."
+            )
     else:
         model = build_model(base, args.method, seg, longest, options, freeze)
     model.to(device).train()
     vocab = model.backbone.get_output_embeddings().weight.shape[0]
     os.makedirs(args.output, exist_ok=True)
-    report: dict[str, Any] = {"provenance": provenance(), "args": vars(args),
-                              "method_options": {**recipe_options(args.method, seg, longest), **options},
-                              "memory_config": model.memory_config.to_dict(), "history": [], "accuracy": {}}
+    report: dict[str, Any] = {
+        "provenance": provenance(),
+        "args": vars(args),
+        "method_options": {**recipe_options(args.method, seg, longest), **options},
+        "memory_config": model.memory_config.to_dict(),
+        "history": [],
+        "accuracy": {},
+    }
 
     def save() -> None:
         with open(os.path.join(args.output, "report.json"), "w") as fh:
@@ -279,8 +333,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stages = [(n, None) for n in args.levels]
     if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
         stages.insert(0, (args.levels[0], args.warmup_depth))
-    fixed = {(n, d): batch(args.task, tokenizer, n * seg, args.eval_size, 10**6 + n, args.haystack,
-                           None if d is None else [d] * args.eval_size)[0] for n, d in stages}
+    fixed = {
+        (n, d): batch(
+            args.task,
+            tokenizer,
+            n * seg,
+            args.eval_size,
+            10**6 + n,
+            args.haystack,
+            None if d is None else [d] * args.eval_size,
+        )[0]
+        for n, d in stages
+    }
     history, stage, passed, start, steps_run = report["history"], 0, 0, time.time(), 0
     bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
@@ -303,8 +367,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         level, depth = stages[stage]
         exact = exact_accuracy(model, on(fixed[stages[stage]]), eval_chunk(args.eval_size, seg, vocab))
-        history.append({"step": step, "segments": level, "depth": depth, "loss": loss.item(), "exact": exact,
-                        "seconds": time.time() - start})
+        history.append(
+            {
+                "step": step,
+                "segments": level,
+                "depth": depth,
+                "loss": loss.item(),
+                "exact": exact,
+                "seconds": time.time() - start,
+            }
+        )
         save()
         where = "" if depth is None else f" depth {depth}"
         bar.set_description(f"{args.task} {level} segments{where} exact {exact:.2f}")
@@ -324,21 +396,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for n in sorted(set(args.levels + args.eval_segments)):
         begin = time.time()
         data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
-        hits, nll = answer_hits(model, on(data), eval_chunk(args.eval_samples, seg, vocab),
-                                progress=f"eval {n} segments ({n * seg} tokens)")
+        hits, nll = answer_hits(
+            model,
+            on(data),
+            eval_chunk(args.eval_samples, seg, vocab),
+            progress=f"eval {n} segments ({n * seg} tokens)",
+        )
         hits, nll = hits.cpu(), nll.cpu()
         exact = hits.all(-1)
         report["accuracy"][str(n)] = {
-            "segments": n, "tokens": n * seg, "exact": float(exact.float().mean()), "correct": int(exact.sum()),
-            "samples": len(depths), "answer_token_accuracy": float(hits.float().mean()),
-            "trained": n <= stages[stage][0], "seconds": time.time() - begin,
+            "segments": n,
+            "tokens": n * seg,
+            "exact": float(exact.float().mean()),
+            "correct": int(exact.sum()),
+            "samples": len(depths),
+            "answer_token_accuracy": float(hits.float().mean()),
+            "trained": n <= stages[stage][0],
+            "seconds": time.time() - begin,
             "answer_nll": float(nll.mean()),
-            "per_sample": [{"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(n)}
-                           for d, p, e, n in zip(depths, positions, exact.tolist(), nll.tolist())],
+            "per_sample": [
+                {"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(n)}
+                for d, p, e, n in zip(depths, positions, exact.tolist(), nll.tolist())
+            ],
         }
         save()
-        print(f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"
-              f"{'' if n <= stages[stage][0] else '  (never trained)'}", flush=True)
+        print(
+            f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"
+            f"{'' if n <= stages[stage][0] else '  (never trained)'}",
+            flush=True,
+        )
     report["total_seconds"] = time.time() - start
     save()
     return report

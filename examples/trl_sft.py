@@ -45,12 +45,20 @@ def tiny_model_and_tokenizer(text: str) -> tuple[torch.nn.Module, PreTrainedToke
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator([text], trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config), tokenizer
 
@@ -77,9 +85,18 @@ def main() -> None:
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
     config = SFTConfig(
-        args.output, max_steps=args.max_steps, per_device_train_batch_size=2, learning_rate=1e-2, logging_steps=1,
-        save_strategy="no", report_to="none", use_cpu=not torch.cuda.is_available(), max_length=max_length,
-        bf16=False, disable_tqdm=True, seed=0,
+        args.output,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        max_length=max_length,
+        bf16=False,
+        disable_tqdm=True,
+        seed=0,
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()

@@ -1,6 +1,7 @@
 """hmt-adapters: long-context memory (HMT, RMT, TRAMS, Elastic Memory, MELODI, UniMem) for any HF causal LM."""
 
 from . import compat, methods  # noqa: F401  (methods: registers every method)
+from .ask import ask
 from .auto import AutoMemoryModelForCausalLM
 from .config import MemoryConfig
 from .methods.elastic import ElasticMemoryConfig
@@ -9,8 +10,6 @@ from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
 from .methods.unimem import InfLLMConfig, TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
-from .auto import AutoMemoryModelForCausalLM
-from .ask import ask
 from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, register_method
 from .state import MemoryState

@@ -35,8 +35,10 @@ def ask(
     model, put its template's words into `context` and `question` yourself.
     """
     if not isinstance(model, MemoryModel):
-        raise TypeError(f"`ask` reads the context through memory: `model` must be a MemoryModel "
-                        f"(wrap_with_memory or AutoMemoryModelForCausalLM), got {type(model).__name__}.")
+        raise TypeError(
+            f"`ask` reads the context through memory: `model` must be a MemoryModel "
+            f"(wrap_with_memory or AutoMemoryModelForCausalLM), got {type(model).__name__}."
+        )
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise ValueError("`ask` needs a tokenizer: pass `tokenizer=` (this model was not loaded or saved with one).")
@@ -51,14 +53,20 @@ def ask(
     if context_ids:
         with torch.no_grad():
             _, state = model.step(torch.tensor([context_ids], device=device), return_logits=False)
-    fixed = sorted({"input_ids", "attention_mask", "memory_state", "return_dict_in_generate", "num_return_sequences"}
-                   & set(generate_kwargs))
+    fixed = sorted(
+        {"input_ids", "attention_mask", "memory_state", "return_dict_in_generate", "num_return_sequences"}
+        & set(generate_kwargs)
+    )
     if fixed:
-        raise ValueError(f"`ask` sets {fixed} itself (one greedy or sampled answer per question from the context's "
-                         "memory); call `model.generate(memory_state=...)` for those options.")
+        raise ValueError(
+            f"`ask` sets {fixed} itself (one greedy or sampled answer per question from the context's "
+            "memory); call `model.generate(memory_state=...)` for those options."
+        )
     settings = {"do_sample": False, "max_new_tokens": max_new_tokens, **generate_kwargs}
     if settings.get("pad_token_id") is None:
-        settings["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        settings["pad_token_id"] = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
     answers = []
     for text in questions:
         ids = torch.tensor([tokenizer(separator + text, add_special_tokens=False)["input_ids"]], device=device)

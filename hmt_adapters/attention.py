@@ -90,8 +90,9 @@ def local_visibility(
 def delegate_mask(visible: torch.Tensor, impl: str, dtype: torch.dtype) -> torch.Tensor:
     """A bool visibility mask in the format the delegate implementation expects."""
     if impl == "eager":
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible,
-                                                                                          torch.finfo(dtype).min)
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+            ~visible, torch.finfo(dtype).min
+        )
     return visible
 
 
@@ -173,8 +174,9 @@ class AttentionCall:
     def layer(self) -> int:
         return self.module.layer_idx
 
-    def run(self, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
-            visible: torch.Tensor | None = None):
+    def run(
+        self, key: torch.Tensor | None = None, value: torch.Tensor | None = None, visible: torch.Tensor | None = None
+    ):
         """The delegate on (possibly extended) K/V; `visible` is a bool mask over all keys."""
         mask = self.attention_mask if visible is None else delegate_mask(visible, self.impl, self.query.dtype)
         impl_fn = self.delegate
@@ -250,7 +252,11 @@ class AttentionContext:
                 f"{type(call.module).__name__} does not pass `position_ids` to its attention function, so the "
                 "positions of its RoPE keys cannot be undone for memory."
             )
-        if self._rope_for is None or self._rope_for[0] is not position_ids or self._rope_for[1] != position_ids._version:
+        if (
+            self._rope_for is None
+            or self._rope_for[0] is not position_ids
+            or self._rope_for[1] != position_ids._version
+        ):
             self._rope_for, self._rope_cache = (position_ids, position_ids._version), {}
         kind = _rope_type(call.module, call.layer)
         if kind not in self._rope_cache:

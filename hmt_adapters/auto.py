@@ -64,7 +64,10 @@ def load_base_tokenizer(name: str, **kwargs: Any) -> PreTrainedTokenizerBase | N
     except Exception as err:  # noqa: BLE001 - any loader's error: the model loads, the tokenizer is reported missing
         logger.warning(
             "No tokenizer for the base model %r (%s: %s); `model.tokenizer` is None: pass a tokenizer yourself, or "
-            "save one with the adapter (`model.save_pretrained(dir, tokenizer=...)`).", name, type(err).__name__, err,
+            "save one with the adapter (`model.save_pretrained(dir, tokenizer=...)`).",
+            name,
+            type(err).__name__,
+            err,
         )
         return None
 

@@ -59,8 +59,11 @@ def _check_field(name: str, value: Any, meta: dict, default: Any) -> None:
         raise ValueError(f"`{name}` must be a number{_allowed(meta, default)}, got {value!r}.")
     lo, hi = meta.get("min"), meta.get("max")
     if kind is tuple:
-        if not isinstance(value, tuple) or not value or any(isinstance(v, bool) or not isinstance(v, int)
-                                                            for v in value):
+        if (
+            not isinstance(value, tuple)
+            or not value
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        ):
             raise ValueError(f"`{name}` must be a non-empty list of integers{_allowed(meta, default)}, got {value!r}.")
         bad = [v for v in value if (lo is not None and v < lo) or (hi is not None and v > hi)]
         if bad:
@@ -109,9 +112,7 @@ class MemoryConfig:
         default=None,
         metadata={"help": "Segments gradients flow back through; None = all.", "min": 1, "nullable": True},
     )
-    offload_activations: bool = field(
-        default=False, metadata={"help": "Move per-segment saved activations to CPU."}
-    )
+    offload_activations: bool = field(default=False, metadata={"help": "Move per-segment saved activations to CPU."})
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Recompute each segment in backward (non-reentrant)."}
     )

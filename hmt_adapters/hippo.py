@@ -14,7 +14,9 @@ NEW_PATH = "hmt_adapters.methods.elastic.hippo"
 def __getattr__(name: str) -> Any:
     if name.startswith("__") or not hasattr(_hippo, name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__}.{name} moved to {NEW_PATH}.{name}; import it from there.", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        f"{__name__}.{name} moved to {NEW_PATH}.{name}; import it from there.", DeprecationWarning, stacklevel=2
+    )
     return getattr(_hippo, name)
 
 

@@ -55,13 +55,19 @@ class MemoryBody:
         self.model = model
 
     def __call__(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutput:
         if kwargs:
-            why = (" (`position_ids` come from padding-free batches, e.g. TRL's `padding_free=True` or "
-                   "`packing_strategy='bfd'`: memory reads each row as one document; use padded batches)"
-                   if "position_ids" in kwargs else "")
+            why = (
+                " (`position_ids` come from padding-free batches, e.g. TRL's `padding_free=True` or "
+                "`packing_strategy='bfd'`: memory reads each row as one document; use padded batches)"
+                if "position_ids" in kwargs
+                else ""
+            )
             raise ValueError(
                 f"A memory model's body takes `input_ids` and `attention_mask` only, got {sorted(kwargs)}{why}."
             )
@@ -259,7 +265,8 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """
         if not return_dict:
             raise ValueError(
-                "MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported.")
+                "MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported."
+            )
         cache = one_cache(cache, past_key_values)
         if cache is not None:
             return self._read_for_generation(input_ids, attention_mask, cache)
@@ -324,13 +331,18 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         targets = None
         if labels is not None:
             chunk = Packing.of(mask)
-            inside = chunk.unpack(shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)),
-                                  IGNORE_INDEX)
+            inside = chunk.unpack(
+                shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)), IGNORE_INDEX
+            )
             targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
         stream = Packing.of(mask_all)
         result, open_ids, open_mask = read_stream(
-            self.runtime, stream.pack(ids_all), stream.counts,
-            None if targets is None else stream.pack(targets, IGNORE_INDEX), state, keep_logits=return_logits,
+            self.runtime,
+            stream.pack(ids_all),
+            stream.counts,
+            None if targets is None else stream.pack(targets, IGNORE_INDEX),
+            state,
+            keep_logits=return_logits,
         )
         new_state = result.state
         if open_ids.shape[1]:
@@ -360,8 +372,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
                 "(allowed: None or {'use_reentrant': False})."
             )
         if every_n_layers != 1:
-            raise ValueError("`every_n_layers` must be 1: memory models checkpoint whole segments, got "
-                             f"{every_n_layers}.")
+            raise ValueError(
+                f"`every_n_layers` must be 1: memory models checkpoint whole segments, got {every_n_layers}."
+            )
         self.memory_config.gradient_checkpointing = True
         self.memory_config.offload_activations = self.memory_config.offload_activations or offload
 
@@ -450,13 +463,17 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             return super().generate(input_ids=ids, attention_mask=mask, generation_config=generation_config, **kwargs)
 
     def _expand_inputs_for_generation(
-        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.LongTensor | None = None,
-        **model_kwargs: Any
+        self,
+        expand_size: int = 1,
+        is_encoder_decoder: bool = False,
+        input_ids: torch.LongTensor | None = None,
+        **model_kwargs: Any,
     ) -> tuple[torch.LongTensor, dict[str, Any]]:
         """HF's row expansion (beams, `num_return_sequences`), applied to the memory cache as well."""
         cache = model_kwargs.get(CACHE_KWARG)
         input_ids, model_kwargs = super()._expand_inputs_for_generation(  # type: ignore[misc]
-            expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
         if isinstance(cache, MemoryGenerationCache) and expand_size > 1:
             cache.batch_repeat_interleave(expand_size)
         return input_ids, model_kwargs
@@ -516,18 +533,34 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         find it.
         """
         if safe_serialization is not True:
-            raise ValueError("hmt-adapters writes safetensors only; `safe_serialization` must be True, got "
-                             f"{safe_serialization!r}.")
+            raise ValueError(
+                f"hmt-adapters writes safetensors only; `safe_serialization` must be True, got {safe_serialization!r}."
+            )
         push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", *hub.PUSH_KWARGS) if k in kwargs}
-        hub.refuse_unknown("MemoryModel.save_pretrained", kwargs, ["state_dict", "is_main_process", "push_to_hub",
-                           "safe_serialization", "tokenizer", "repo_id", *hub.PUSH_KWARGS],
-                           " (adapter files are never sharded or converted)")
+        hub.refuse_unknown(
+            "MemoryModel.save_pretrained",
+            kwargs,
+            [
+                "state_dict",
+                "is_main_process",
+                "push_to_hub",
+                "safe_serialization",
+                "tokenizer",
+                "repo_id",
+                *hub.PUSH_KWARGS,
+            ],
+            " (adapter files are never sharded or converted)",
+        )
         tokenizer = self.tokenizer if tokenizer is None else tokenizer
         if push_kwargs and not push_to_hub:
             raise ValueError(f"{sorted(push_kwargs)} only apply with `push_to_hub=True`.")
         adapter_io.save_adapter(
-            self, save_directory, state_dict=state_dict, is_main_process=is_main_process,
-            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory), tokenizer=tokenizer,
+            self,
+            save_directory,
+            state_dict=state_dict,
+            is_main_process=is_main_process,
+            trainer_weights=checkpoint.is_trainer_checkpoint(save_directory),
+            tokenizer=tokenizer,
         )
         if push_to_hub and is_main_process:
             repo_id = push_kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
@@ -553,8 +586,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         keyword must be a field of the adapter's config and overrides it (e.g. `use_retrieval=True`).
         """
         check_wrappable(base_model)
-        return adapter_io.load_adapter(cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable,
-                                       inplace=inplace, **kwargs)
+        return adapter_io.load_adapter(
+            cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable, inplace=inplace, **kwargs
+        )
 
     def push_to_hub(  # type: ignore[override]  # the adapter only: its own options
         self,
@@ -575,11 +609,24 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """Upload the adapter files and a generated model card to `repo_id` (transformers' keywords; `results` and
         `training` are markdown sections of the card; `tokenizer`, default `self.tokenizer`, is uploaded with the
         adapter); returns the commit info."""
-        hub.refuse_unknown("MemoryModel.push_to_hub", kwargs, [*hub.PUSH_KWARGS, "results", "training", "tokenizer"],
-                           " (adapter files are never sharded)")
+        hub.refuse_unknown(
+            "MemoryModel.push_to_hub",
+            kwargs,
+            [*hub.PUSH_KWARGS, "results", "training", "tokenizer"],
+            " (adapter files are never sharded)",
+        )
         return card.push_adapter(
-            self, repo_id, commit_message=commit_message, commit_description=commit_description, private=private,
-            token=token, revision=revision, create_pr=create_pr, tags=tags, results=results, training=training,
+            self,
+            repo_id,
+            commit_message=commit_message,
+            commit_description=commit_description,
+            private=private,
+            token=token,
+            revision=revision,
+            create_pr=create_pr,
+            tags=tags,
+            results=results,
+            training=training,
             tokenizer=self.tokenizer if tokenizer is None else tokenizer,
         )
 
@@ -588,8 +635,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def _check_inputs(self, input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or min(input_ids.shape) < 1:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError("`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got "
-                             f"{shape}.")
+            raise ValueError(
+                f"`input_ids` must be a [batch, length >= 1] tensor of token ids with batch >= 1, got {shape}."
+            )
         if input_ids.is_floating_point():
             raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
         vocab = self.adapter.vocab_size
@@ -601,10 +649,14 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if attention_mask is None:
             return input_ids, torch.ones_like(input_ids)
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-            shape = (tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor)
-                     else type(attention_mask).__name__)
-            raise ValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
-                             f"{shape}.")
+            shape = (
+                tuple(attention_mask.shape)
+                if isinstance(attention_mask, torch.Tensor)
+                else type(attention_mask).__name__
+            )
+            raise ValueError(
+                f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got {shape}."
+            )
         return input_ids, (attention_mask.to(input_ids.device) != 0).long()  # transformers' rule: nonzero attends
 
     @staticmethod
@@ -644,8 +696,11 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         made_for = state.extras.get(STATE_SIGNATURE)
         if made_for is not None:
             own = self._state_signature()
-            diffs = [f"{k} {made_for.get(k)!r} (state) vs {own.get(k)!r} (model)"
-                     for k in sorted(set(own) | set(made_for)) if made_for.get(k) != own.get(k)]
+            diffs = [
+                f"{k} {made_for.get(k)!r} (state) vs {own.get(k)!r} (model)"
+                for k in sorted(set(own) | set(made_for))
+                if made_for.get(k) != own.get(k)
+            ]
             if diffs:
                 raise ValueError(f"This state was made by another '{self.method}' model: {'; '.join(diffs)}.")
         else:
@@ -660,6 +715,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         of crashing or being read wrongly (docs/adapters.md)."""
         param = next(self.adapter.model.parameters())
         own = self.memory.init_state(1, torch.device("meta"), param.dtype)
+
         def kind(t: torch.Tensor) -> str:
             return "bool" if t.dtype == torch.bool else "floating" if t.is_floating_point() else "integer"
 

@@ -44,7 +44,7 @@ class MemoryState:
     def pending_length(self) -> int:
         return 0 if self.pending_ids is None else self.pending_ids.shape[1]
 
-    def _map(self, fn) -> "MemoryState":
+    def _map(self, fn) -> MemoryState:
         return MemoryState(
             self.method,
             {k: fn(v) for k, v in self.tensors.items()},
@@ -54,15 +54,17 @@ class MemoryState:
             dict(self.extras),
         )
 
-    def detach(self) -> "MemoryState":
+    def detach(self) -> MemoryState:
         """A copy whose tensors carry no autograd history (gradients stop here)."""
         return self._map(lambda t: t.detach())
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MemoryState":
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> MemoryState:
         """A copy on `device`; floating tensors are cast to `dtype` when given."""
-        return self._map(lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None))
+        return self._map(
+            lambda t: t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
+        )
 
-    def clone(self) -> "MemoryState":
+    def clone(self) -> MemoryState:
         return self._map(lambda t: t.clone())
 
     # ---- serialisation ---------------------------------------------------------------------------------------
@@ -70,17 +72,19 @@ class MemoryState:
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to one safetensors file (tensors plus JSON metadata)."""
         tensors = {f"tensors.{k}": v.detach().contiguous() for k, v in self.tensors.items()}
-        if self.pending_ids is not None:
+        if self.pending_ids is not None and self.pending_mask is not None:
             tensors["pending_ids"] = self.pending_ids.contiguous()
             tensors["pending_mask"] = self.pending_mask.contiguous()
         meta = {
-            "hmt_adapters_file": FILE_KIND, "method": self.method, "segments_seen": str(self.segments_seen),
+            "hmt_adapters_file": FILE_KIND,
+            "method": self.method,
+            "segments_seen": str(self.segments_seen),
             "extras": json.dumps(self.extras),
         }
         save_file({k: v.cpu() for k, v in tensors.items()}, os.fspath(path), metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> "MemoryState":
+    def load(cls, path: str | os.PathLike, device: torch.device | str = "cpu") -> MemoryState:
         """Read a state written by `save`; any other file is refused with what it is."""
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -95,7 +99,7 @@ class MemoryState:
         if meta.get("hmt_adapters_file", FILE_KIND) != FILE_KIND or "segments_seen" not in meta:
             raise ValueError(f"{path} is {_describe(meta, keys)}, not a memory state written by MemoryState.save.")
         raw = load_file(path, device=str(device))
-        tensors = {k[len("tensors."):]: v for k, v in raw.items() if k.startswith("tensors.")}
+        tensors = {k[len("tensors.") :]: v for k, v in raw.items() if k.startswith("tensors.")}
         check_finite(tensors, f"The memory state {path}")
         return cls(
             meta["method"],
@@ -130,8 +134,10 @@ def _describe(meta: dict[str, str], keys: list[str]) -> str:
 
 def select_rows(state: MemoryState, index: torch.Tensor) -> MemoryState:
     """The state of rows `index` (state tensors are batch-first); pending tokens follow their rows."""
-    out = MemoryState(state.method, {k: v[index] for k, v in state.tensors.items()}, state.segments_seen, extras=dict(state.extras))
-    if state.pending_ids is not None:
+    out = MemoryState(
+        state.method, {k: v[index] for k, v in state.tensors.items()}, state.segments_seen, extras=dict(state.extras)
+    )
+    if state.pending_ids is not None and state.pending_mask is not None:
         out.pending_ids, out.pending_mask = state.pending_ids[index], state.pending_mask[index]
     return out
 

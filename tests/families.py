@@ -17,8 +17,16 @@ VOCAB = 128
 MAX_POSITIONS = 64
 
 _COMMON = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=MAX_POSITIONS,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
     tie_word_embeddings=False,
 )
 _GPT2_STYLE = dict(n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POSITIONS)
@@ -52,8 +60,13 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=8),
     "jamba": dict(
-        num_experts=2, attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,
-        mamba_d_state=8, mamba_dt_rank=4,
+        num_experts=2,
+        attn_layer_offset=1,
+        attn_layer_period=2,
+        expert_layer_offset=1,
+        expert_layer_period=2,
+        mamba_d_state=8,
+        mamba_dt_rank=4,
     ),
     "mamba": dict(state_size=8, use_mambapy=True),
     "mamba2": dict(num_heads=4, head_dim=16, state_size=8, n_groups=1, expand=2),
@@ -61,8 +74,14 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "rwkv": dict(attention_hidden_size=32, context_length=MAX_POSITIONS),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1),
     "falcon_h1": dict(
-        mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=8, mamba_n_groups=1, head_dim=8,
-        lm_head_multiplier=0.5, embedding_multiplier=2.0,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_ssm=64,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+        head_dim=8,
+        lm_head_multiplier=0.5,
+        embedding_multiplier=2.0,
     ),
     "lfm2": dict(layer_types=["conv", "full_attention"], block_ff_dim=64, block_auto_adjust_ff_dim=False),
     "glm": dict(partial_rotary_factor=0.5),  # interleaved pairs with cos/sin narrowed inside its RoPE, partial rotary
@@ -72,13 +91,26 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "hunyuan_v1_dense": dict(head_dim=8),  # QK-norm after RoPE
     "codegen": dict(_GPT2_STYLE, rotary_dim=4, n_ctx=MAX_POSITIONS, **_NO_DROPOUT),  # GPT-J's RoPE, fused qkv_proj
     "deepseek_v3": dict(  # multi-head latent attention (keys 12 wide per head, values 8), MoE from layer 1
-        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
-        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_group=1,
         topk_group=1,
     ),
     "zamba2": dict(  # Mamba2 layers and a transformer block shared between its hybrid layers
-        layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=1,
-        use_mamba_kernels=False, chunk_size=8,
+        layers_block_type=["mamba", "hybrid"],
+        mamba_d_state=8,
+        n_mamba_heads=4,
+        mamba_ngroups=1,
+        use_mamba_kernels=False,
+        chunk_size=8,
     ),
 }
 
@@ -148,7 +180,6 @@ def layer_overrides(method: str, family: str) -> dict:
     if method == "melodi":
         return dict(short_term_layers=layers, long_term_layer=layers[0])
     return dict(memory_layers=layers)
-
 
 
 # families with state outside attention (SSM / convolution layers) that restarts every segment: a memory over the

@@ -125,7 +125,11 @@ def test_saving_into_a_folder_keeps_files_that_are_not_the_adapters(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
     assert sorted(os.listdir(tmp_path)) == [
-        "config.json", "memory_adapter.safetensors", "memory_config.json", "tokenizer.json"]
+        "config.json",
+        "memory_adapter.safetensors",
+        "memory_config.json",
+        "tokenizer.json",
+    ]
 
 
 # ---- recorded base facts, format version, required fields -----------------------------------------------------------
@@ -136,18 +140,37 @@ def test_the_config_records_the_base_model_and_the_format_version(tmp_path):
     base.config._name_or_path = "org/tiny-llama"
     ha.wrap_with_memory(base, "rmt", segment_length=8).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "memory_config.json").read_text())
-    assert {k: config[k] for k in ("format_version", "base_model_name_or_path", "base_model_architecture",
-                                   "base_model_type", "embed_dim", "hidden_size", "num_hidden_layers",
-                                   "vocab_size")} == {
-        "format_version": adapter_io.FORMAT_VERSION, "base_model_name_or_path": "org/tiny-llama",
-        "base_model_architecture": "LlamaForCausalLM", "base_model_type": "llama", "embed_dim": 32, "hidden_size": 32,
-        "num_hidden_layers": 2, "vocab_size": 96}
+    assert {
+        k: config[k]
+        for k in (
+            "format_version",
+            "base_model_name_or_path",
+            "base_model_architecture",
+            "base_model_type",
+            "embed_dim",
+            "hidden_size",
+            "num_hidden_layers",
+            "vocab_size",
+        )
+    } == {
+        "format_version": adapter_io.FORMAT_VERSION,
+        "base_model_name_or_path": "org/tiny-llama",
+        "base_model_architecture": "LlamaForCausalLM",
+        "base_model_type": "llama",
+        "embed_dim": 32,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "vocab_size": 96,
+    }
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(vocab_size=128), r"vocab_size 96 \(adapter\) vs 128 \(given base\)"),
-    (dict(num_hidden_layers=3), r"num_hidden_layers 2 \(adapter\) vs 3 \(given base\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(vocab_size=128), r"vocab_size 96 \(adapter\) vs 128 \(given base\)"),
+        (dict(num_hidden_layers=3), r"num_hidden_layers 2 \(adapter\) vs 3 \(given base\)"),
+    ],
+)
 def test_an_adapter_is_refused_by_a_base_of_another_vocabulary_or_depth(tmp_path, change, message):
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=message):
@@ -156,8 +179,9 @@ def test_an_adapter_is_refused_by_a_base_of_another_vocabulary_or_depth(tmp_path
 
 def test_an_adapter_is_refused_by_another_architecture_of_the_same_width(tmp_path):
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8).save_pretrained(tmp_path)
-    with pytest.raises(ValueError,
-                       match=r"base_model_architecture 'LlamaForCausalLM' \(adapter\) vs 'Qwen2ForCausalLM'"):
+    with pytest.raises(
+        ValueError, match=r"base_model_architecture 'LlamaForCausalLM' \(adapter\) vs 'Qwen2ForCausalLM'"
+    ):
         ha.MemoryModel.from_pretrained(tiny_backbone("qwen2"), str(tmp_path))
 
 
@@ -187,13 +211,17 @@ def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
 # ---- other peft adapter types ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("peft_config, marker", [
-    (IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]), "ia3_l"),
-    (LoHaConfig(r=4, target_modules=["q_proj", "v_proj"]), "hada_"),
-])
+@pytest.mark.parametrize(
+    "peft_config, marker",
+    [
+        (IA3Config(target_modules=["k_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]), "ia3_l"),
+        (LoHaConfig(r=4, target_modules=["q_proj", "v_proj"]), "hada_"),
+    ],
+)
 def test_non_lora_peft_adapters_train_and_save_with_the_memory(tmp_path, peft_config, marker):
-    model = ha.wrap_with_memory(get_peft_model(tiny_backbone("llama"), peft_config), "rmt", segment_length=8,
-                                num_memory_tokens=2)
+    model = ha.wrap_with_memory(
+        get_peft_model(tiny_backbone("llama"), peft_config), "rmt", segment_length=8, num_memory_tokens=2
+    )
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert any(marker in n for n in trainable) and all(marker in n or n.startswith("memory.") for n in trainable)
     ids = random_ids(2, 20)
@@ -249,9 +277,16 @@ def test_the_auto_loader_takes_adapter_and_base_from_the_hub_cache_offline(tmp_p
 
 def smollm2_shaped(dtype=None, **kwargs) -> LlamaForCausalLM:
     """A zero-weight model of SmolLM2-135M's exact shape (the real one is dequantised from the GGUF in ~20 s)."""
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to_empty(device="cpu")
@@ -263,8 +298,11 @@ def smollm2_shaped(dtype=None, **kwargs) -> LlamaForCausalLM:
 @pytest.mark.parametrize("name", ["smollm2-hmt", "smollm2-baseline"])
 def test_the_shipped_adapters_load_in_one_line_on_the_smollm2_backbone(monkeypatch, name):
     built, tokenizer = [], tiny_tokenizer()
-    monkeypatch.setitem(pretrained.KNOWN_BASES, pretrained.SMOLLM2_NAME,
-                        (lambda dtype, **kw: built.append(dtype) or smollm2_shaped(), "smollm2()[0]"))
+    monkeypatch.setitem(
+        pretrained.KNOWN_BASES,
+        pretrained.SMOLLM2_NAME,
+        (lambda dtype, **kw: built.append(dtype) or smollm2_shaped(), "smollm2()[0]"),
+    )
     monkeypatch.setitem(pretrained.KNOWN_TOKENIZERS, pretrained.SMOLLM2_NAME, lambda: tokenizer)
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(SHIPPED / name))
     assert built == [None] and not model.training
@@ -281,7 +319,11 @@ def test_the_shipped_adapter_configs_are_complete_for_this_version():
         config, meta = adapter_io.read_adapter_config(str(folder), {}, str(folder))
         assert meta["format_version"] == adapter_io.FORMAT_VERSION
         assert meta["base_model_name_or_path"] == pretrained.SMOLLM2_NAME
-        assert (meta["base_model_architecture"], meta["embed_dim"], meta["vocab_size"]) == ("LlamaForCausalLM", 576, 49152)
+        assert (meta["base_model_architecture"], meta["embed_dim"], meta["vocab_size"]) == (
+            "LlamaForCausalLM",
+            576,
+            49152,
+        )
         # the ones written before the runtime switches were left out of the file load, with the switches off
         recorded = json.loads((folder / "memory_config.json").read_text())
         assert all(recorded[k] is False for k in RUNTIME_SWITCHES if k in recorded)
@@ -301,8 +343,9 @@ def test_runtime_switches_are_not_saved_and_a_file_that_records_them_loads(tmp_p
     assert not loaded.is_activation_checkpointing and not loaded.memory_config.offload_activations
     assert loaded.loading_info["missing_keys"] == []
     # as loading options the switches apply, and change no weight
-    loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), is_trainable=True,
-                                            gradient_checkpointing=True, offload_activations=True)
+    loaded = ha.MemoryModel.from_pretrained(
+        tiny_backbone("llama"), str(tmp_path), is_trainable=True, gradient_checkpointing=True, offload_activations=True
+    )
     assert loaded.is_activation_checkpointing and loaded.memory_config.offload_activations
     ids = random_ids(2, 20)
     with torch.no_grad():
@@ -346,7 +389,7 @@ def test_an_adapter_saved_with_its_tokenizer_gives_it_to_every_loader_and_to_a_p
     generator = pipeline("text-generation", model=loaded, tokenizer=loaded.tokenizer)
     got = generator(text, max_new_tokens=6, do_sample=False, return_full_text=False)[0]["generated_text"]
     ids = torch.tensor([expected])
-    new = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+    new = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
     assert got == tokenizer.decode(new)
     loaded.save_pretrained(tmp_path / "again")  # re-saving keeps the tokenizer it was loaded with
     assert AutoTokenizer.from_pretrained(tmp_path / "again")(text).input_ids == expected
@@ -376,17 +419,20 @@ def test_a_save_with_a_tokenizer_replaces_the_tokenizer_files_of_an_earlier_one(
         model.save_pretrained(tmp_path / "adapter", tokenizer="gpt2")
 
 
-
 # ---- errors that name the real cause --------------------------------------------------------------------------------
 
 
 def test_a_weights_file_of_another_method_is_named_as_such(tmp_path):
     ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2).save_pretrained(
-        tmp_path / "rmt")
+        tmp_path / "rmt"
+    )
     ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT).save_pretrained(tmp_path / "hmt")
     shutil.copy(tmp_path / "hmt" / "memory_adapter.safetensors", tmp_path / "rmt" / "memory_adapter.safetensors")
-    with pytest.raises(ValueError, match=r"holds the weights of a 'hmt' memory adapter, but memory_config.json in "
-                                         r"the same folder is for 'rmt': the folder mixes the files of two adapters"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds the weights of a 'hmt' memory adapter, but memory_config.json in "
+        r"the same folder is for 'rmt': the folder mixes the files of two adapters",
+    ):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "rmt")
 
 
@@ -403,8 +449,11 @@ def test_a_shape_changing_override_or_config_is_blamed_not_the_backbone_width(tm
 
 def test_a_stage_2_hmt_adapter_loaded_without_retrieval_names_the_override(tmp_path):
     ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT, use_retrieval=True).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"holds trained weights \[.*'retrieval\..*\] that hmt does not build with "
-                                         r"the override\(s\) use_retrieval=False \(saved: True\): loading would drop"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds trained weights \[.*'retrieval\..*\] that hmt does not build with "
+        r"the override\(s\) use_retrieval=False \(saved: True\): loading would drop",
+    ):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path, use_retrieval=False)
     assert ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path).memory_config.use_retrieval
 
@@ -413,18 +462,28 @@ def test_an_offline_base_that_is_not_cached_is_named(tmp_path):
     base = tiny_backbone("llama")
     base.config._name_or_path = "org/base-not-in-the-cache"
     ha.wrap_with_memory(base, "rmt", segment_length=8).save_pretrained(tmp_path / "adapter")
-    with pytest.raises(OSError, match=r"The adapter's base model 'org/base-not-in-the-cache' \(`base_model_name_or_"
-                                      r"path` in its memory_config.json\) could not be loaded from the Hub or"):
-        ha.AutoMemoryModelForCausalLM.from_pretrained(tmp_path / "adapter", cache_dir=tmp_path / "empty-cache",
-                                                      local_files_only=True)
+    with pytest.raises(
+        OSError,
+        match=r"The adapter's base model 'org/base-not-in-the-cache' \(`base_model_name_or_"
+        r"path` in its memory_config.json\) could not be loaded from the Hub or",
+    ):
+        ha.AutoMemoryModelForCausalLM.from_pretrained(
+            tmp_path / "adapter", cache_dir=tmp_path / "empty-cache", local_files_only=True
+        )
 
 
 def test_training_a_model_loaded_for_inference_says_to_pass_is_trainable(tmp_path):
     lora_hmt().save_pretrained(tmp_path / "adapter")
     model = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path / "adapter")
     data = Dataset.from_dict({"input_ids": random_ids(4, 24).tolist()})
-    args = TrainingArguments(str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2, report_to="none",
-                             use_cpu=True, disable_tqdm=True)
+    args = TrainingArguments(
+        str(tmp_path / "out"),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=WindowCollator())
     with pytest.raises(RuntimeError, match=r"loaded for inference .* Load it with `is_trainable=True` to train it"):
         trainer.train()

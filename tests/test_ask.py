@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import tiny_backbone
 
 import hmt_adapters as ha
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
+from tiny import tiny_backbone
 
 CONTEXT = " ".join(f"Line {i}: the tide came in at {i % 7} o'clock and the gulls were counted." for i in range(40))
 QUESTIONS = ["When did the tide come in on line 3?", "How many gulls were there?"]
@@ -21,8 +21,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def model(tokenizer):
     base = tiny_backbone("llama", vocab_size=len(tokenizer), max_position_embeddings=256).eval()
-    return ha.wrap_with_memory(base, "infllm", segment_length=16, window=64, sink_tokens=8, block_size=8,
-                               topk_blocks=2, representative_keys=2).eval()
+    return ha.wrap_with_memory(
+        base, "infllm", segment_length=16, window=64, sink_tokens=8, block_size=8, topk_blocks=2, representative_keys=2
+    ).eval()
 
 
 def test_answers_equal_generate_on_context_then_question(model, tokenizer):

@@ -49,18 +49,21 @@ def test_memory_reaches_every_memory_layer_of_every_segment(family, monkeypatch)
 
 
 def test_layers_below_the_first_memory_layer_see_exactly_the_vanilla_inputs():
-    model = ha.wrap_with_memory(tiny_backbone("llama"), "transformer_xl", segment_length=8, memory_size=8,
-                                memory_layers=[1])
+    model = ha.wrap_with_memory(
+        tiny_backbone("llama"), "transformer_xl", segment_length=8, memory_size=8, memory_layers=[1]
+    )
     inputs = []
     model.adapter.body_module.layers[1].register_forward_pre_hook(
-        lambda m, a, kw: inputs.append(a[0] if a else kw["hidden_states"]), with_kwargs=True)
+        lambda m, a, kw: inputs.append(a[0] if a else kw["hidden_states"]), with_kwargs=True
+    )
     ids = random_ids(1, 16)
     with torch.no_grad():
         model(input_ids=ids)
         with model.disable_memory():
             model(input_ids=ids)
-    torch.testing.assert_close(inputs[1], inputs[3], atol=0,
-                               rtol=0)  # segment 1, layer 1 input: memory only acts inside
+    torch.testing.assert_close(
+        inputs[1], inputs[3], atol=0, rtol=0
+    )  # segment 1, layer 1 input: memory only acts inside
 
 
 def test_kv_memory_stays_at_memory_size_over_a_thousand_segments():

@@ -33,8 +33,10 @@ def test_config_objects_and_method_strings_build_the_same_model():
         (dict(offload_activations="yes"), r"`offload_activations` must be a bool, got 'yes'"),
         (dict(sensory_length=-1), r"`sensory_length` must be in \[0, inf\], got -1"),
         (dict(memory_window=0), r"`memory_window` must be in \[1, inf\], got 0"),
-        (dict(query_source="future"),
-         r"`query_source` must be one of \['previous_suffix', 'segment_prefix'\], got 'future'"),
+        (
+            dict(query_source="future"),
+            r"`query_source` must be one of \['previous_suffix', 'segment_prefix'\], got 'future'",
+        ),
         (dict(segment_length=8, summary_length=9), r"`summary_length` must be in \[1, `segment_length`=8\], got 9"),
         (dict(segment_length=None), r"`segment_length` must not be None in \[1, inf\]"),
     ],

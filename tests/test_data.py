@@ -67,16 +67,25 @@ def test_collator_pads_per_sample_and_masks_padding_positions_only():
         (lambda: tokenize_documents(documents(5, 0), CharTokenizer()), ValueError, "Document 1 is empty"),
         (lambda: make_windows(Dataset.from_dict({"text": ["a"]}), 4, 2), ValueError, "no `input_ids` column"),
         (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 0, 2), ValueError, "segment_length"),
-        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, min_segments=3), ValueError,
-         "min_segments"),
+        (
+            lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, min_segments=3),
+            ValueError,
+            "min_segments",
+        ),
         (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 3]}), 4, 2), ValueError, "longest has 3 tokens"),
         (lambda: load_documents(["/no/such/file.txt"]), FileNotFoundError, "not found"),
-        (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, stride=9), ValueError,
-         r"`stride` must be in \[1, 8\]"),
+        (
+            lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, stride=9),
+            ValueError,
+            r"`stride` must be in \[1, 8\]",
+        ),
         (lambda: make_windows(Dataset.from_dict({"input_ids": [[1] * 9]}), 4, 2, stride=0), ValueError, "`stride`"),
         (lambda: WindowCollator(loss_segments=1), ValueError, "needs `segment_length`"),
-        (lambda: WindowCollator(loss_segments=0, segment_length=4), ValueError,
-         "`loss_segments` must be None or an integer"),
+        (
+            lambda: WindowCollator(loss_segments=0, segment_length=4),
+            ValueError,
+            "`loss_segments` must be None or an integer",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error(call, error, message):
@@ -124,12 +133,19 @@ def test_jane_austen_ships_the_six_novels_byte_for_byte_and_holds_out_persuasion
     assert sum(len(austen_text(n).split()) for n in AUSTEN_SHA256) == 717_537
     novels = jane_austen()
     assert novels["test"]["title"] == ["Persuasion"]  # the held-out novel of every published Austen number
-    assert sorted(novels["train"]["title"]) == ["Emma", "Mansfield Park", "Northanger Abbey", "Pride and Prejudice",
-                                                "Sense and Sensibility"]
+    assert sorted(novels["train"]["title"]) == [
+        "Emma",
+        "Mansfield Park",
+        "Northanger Abbey",
+        "Pride and Prejudice",
+        "Sense and Sensibility",
+    ]
     pride = next(r["text"] for r in novels["train"] if r["title"] == "Pride and Prejudice")
-    assert pride.startswith("PRIDE AND PREJUDICE\n\nBy Jane Austen\n\nChapter 1\n\nIt is a truth universally "
-                            "acknowledged, that a single man in possession of a good fortune, must be in want of a "
-                            "wife.")
+    assert pride.startswith(
+        "PRIDE AND PREJUDICE\n\nBy Jane Austen\n\nChapter 1\n\nIt is a truth universally "
+        "acknowledged, that a single man in possession of a good fortune, must be in want of a "
+        "wife."
+    )
     with pytest.raises(ValueError, match="'pride'.*'prideprejudice'"):
         austen_text("pride")
 
@@ -155,7 +171,8 @@ def test_stride_windows_end_every_stride_overlap_and_reach_back_one_window():
     full = make_windows(tokenized, 4, 3, stride=4, min_segments=3)  # only windows with 3 full segments
     assert full["input_ids"] == [ids[s:e] for s, e in spans[2:7]]
     assert str(depth_summary(windows, 4, 3)) == (
-        "8 windows, 3 segments asked, depth min/median/max 1/3/3, 2 (25.0%) shorter")
+        "8 windows, 3 segments asked, depth min/median/max 1/3/3, 2 (25.0%) shorter"
+    )
     summary = depth_summary(make_windows(tokenized, 4, 5), 4, 5)  # 20 + 11 tokens: depths 5 and 3
     assert (summary.min, summary.median, summary.max, summary.shorter) == (3, 4, 5, 1)
 

@@ -27,8 +27,19 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_zero2_on_two_processes_keeps_ranks_identical_writes_adapter_only_and_resumes(tmp_path):
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), WORKER, str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        WORKER,
+        str(tmp_path),
+    ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -42,10 +53,12 @@ def test_zero2_on_two_processes_keeps_ranks_identical_writes_adapter_only_and_re
     losses = json.loads((tmp_path / "rank0-losses.json").read_text())
     assert losses["resumed"][-1] == pytest.approx(losses["straight"][-1], abs=1e-6)
 
-    engine_state = torch.load(tmp_path / "straight" / "checkpoint-2" / "global_step2" / "mp_rank_00_model_states.pt",
-                              weights_only=False)
-    assert set(engine_state["module"]) == set(ranks[0]), \
+    engine_state = torch.load(
+        tmp_path / "straight" / "checkpoint-2" / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False
+    )
+    assert set(engine_state["module"]) == set(ranks[0]), (
         "the DeepSpeed checkpoint must hold only the trainable weights"
+    )
     assert engine_state["frozen_param_fragments"] is None
 
 

@@ -197,8 +197,9 @@ def test_sample_points_follow_the_paper_and_the_documented_defaults():
     x = sample_points("exponential", t, count, order)
     assert x[-1] == 0 and abs(float(x[0]) - (t - t / order)) < 1e-9  # newest one resolution cell before t
     assert bool((x[:-1] > x[1:]).all()) and bool(((x[:-2] - x[1:-1]) < (x[1:-1] - x[2:])).all())  # denser near t
-    torch.testing.assert_close(sample_points("exponential", t, 3, order, alpha=0.5),
-                               torch.tensor([48.0, 32.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        sample_points("exponential", t, 3, order, alpha=0.5), torch.tensor([48.0, 32.0, 0.0], dtype=torch.float64)
+    )
 
 
 def test_default_memory_layer_is_at_three_quarters_depth():

@@ -63,8 +63,9 @@ def test_bad_forward_inputs():
         model(input_ids=torch.full((1, 3), 96))
     with pytest.raises(ValueError, match="integer token ids"):
         model(input_ids=ids.float())
-    with pytest.raises(ValueError,
-                       match=r"`attention_mask` must have the shape of `input_ids` \(2, 10\), got \(2, 9\)"):
+    with pytest.raises(
+        ValueError, match=r"`attention_mask` must have the shape of `input_ids` \(2, 10\), got \(2, 9\)"
+    ):
         model(input_ids=ids, attention_mask=torch.ones(2, 9))
     with pytest.raises(ValueError, match=r"`labels` must have the shape"):
         model(input_ids=ids, labels=ids[:, 1:])

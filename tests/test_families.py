@@ -75,8 +75,9 @@ def bare_logits(family: str) -> torch.Tensor:
     """The bare backbone's logits on each 8-token segment of `ids(2, 19)` alone, before any wrapping."""
     x = ids(2, 2 * SEGMENT + 3)
     with torch.no_grad():
-        return torch.cat([backbone(family)(input_ids=x[:, s : s + SEGMENT]).logits
-                          for s in range(0, x.shape[1], SEGMENT)], 1)
+        return torch.cat(
+            [backbone(family)(input_ids=x[:, s : s + SEGMENT]).logits for s in range(0, x.shape[1], SEGMENT)], 1
+        )
 
 
 @functools.cache
@@ -128,8 +129,13 @@ def test_save_load_and_greedy_generation(method, family, tmp_path):
     model = wrapped(method, family)
     prompt = ids(2, 2 * SEGMENT - 1, seed=2)
     out = model.generate(
-        input_ids=prompt, max_new_tokens=SEGMENT + 2, min_new_tokens=SEGMENT + 2, do_sample=False, pad_token_id=0,
-        output_logits=True, return_dict_in_generate=True,
+        input_ids=prompt,
+        max_new_tokens=SEGMENT + 2,
+        min_new_tokens=SEGMENT + 2,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     with torch.no_grad():
         teacher = model(input_ids=out.sequences[:, :-1]).logits[:, prompt.shape[1] - 1 :]
@@ -146,8 +152,9 @@ def test_save_load_and_greedy_generation(method, family, tmp_path):
 @pytest.mark.parametrize("family", sorted(HYBRID_ATTENTION_LAYERS))
 @pytest.mark.parametrize("method", ["transformer_xl", "trams", "melodi"])  # default: every layer (the others: upper)
 def test_hybrids_take_attention_memory_only_in_their_attention_layers(method, family):
-    with pytest.raises(ValueError,
-                       match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"):
+    with pytest.raises(
+        ValueError, match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"
+    ):
         ha.wrap_with_memory(family_backbone(family), method, segment_length=SEGMENT, **METHOD_CASES[method])
 
 

@@ -33,15 +33,22 @@ def test_beam_search_carries_one_memory_per_beam(method):
     assert torch.equal(out[:2, width:], model.generate(input_ids=short, **beams)[:, short.shape[1] :])
     assert torch.equal(out[2:, width:], model.generate(input_ids=long, **beams)[:, long.shape[1] :])
     best = model.generate(
-        input_ids=long, num_beams=3, do_sample=False, length_penalty=0.0, max_new_tokens=SEGMENT + 3, pad_token_id=0,
-        output_scores=True, return_dict_in_generate=True,
+        input_ids=long,
+        num_beams=3,
+        do_sample=False,
+        length_penalty=0.0,
+        max_new_tokens=SEGMENT + 3,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
     )
     seq = best.sequences
     with torch.no_grad():
         logits = model(input_ids=seq[:, :-1]).logits[0, long.shape[1] - 1 :].log_softmax(-1)
     summed = logits.gather(-1, seq[0, long.shape[1] :, None]).sum()
-    torch.testing.assert_close(best.sequences_scores[0], summed, atol=1e-4,
-                               rtol=1e-5)  # the beam's score is its sequence's
+    torch.testing.assert_close(
+        best.sequences_scores[0], summed, atol=1e-4, rtol=1e-5
+    )  # the beam's score is its sequence's
 
 
 def test_return_sequences_with_sampling_are_independent_draws_per_row():
@@ -64,10 +71,12 @@ def test_return_sequences_continue_a_stored_memory_state():
     document, question = random_ids(2, 2 * SEGMENT + 3, seed=4), random_ids(2, 3, seed=5)
     with torch.no_grad():
         _, state = model.step(document)
-    out = model.generate(input_ids=question, memory_state=state, num_beams=2, num_return_sequences=2, do_sample=False,
-                         **NEW)
-    whole = model.generate(input_ids=torch.cat([document, question], dim=1), num_beams=2, num_return_sequences=2,
-                           do_sample=False, **NEW)
+    out = model.generate(
+        input_ids=question, memory_state=state, num_beams=2, num_return_sequences=2, do_sample=False, **NEW
+    )
+    whole = model.generate(
+        input_ids=torch.cat([document, question], dim=1), num_beams=2, num_return_sequences=2, do_sample=False, **NEW
+    )
     assert torch.equal(out[:, 3:], whole[:, document.shape[1] + 3 :])
 
 
@@ -97,5 +106,6 @@ def test_unsupported_options_are_refused_before_any_work(options, name, monkeypa
 def test_an_assistant_model_is_refused_by_name():
     model = wrap("hmt", "llama").eval()
     with pytest.raises(ValueError, match="assistant_model"):
-        model.generate(input_ids=random_ids(1, 5), assistant_model=wrap("hmt", "llama"), max_new_tokens=4,
-                       pad_token_id=0)
+        model.generate(
+            input_ids=random_ids(1, 5), assistant_model=wrap("hmt", "llama"), max_new_tokens=4, pad_token_id=0
+        )

@@ -23,8 +23,9 @@ def test_greedy_generation_is_the_argmax_of_forward_across_segment_boundaries(me
     model = wrap(method, family).eval()
     for prompt in (2 * SEGMENT - 1, 2 * SEGMENT, 2 * SEGMENT + 1):
         ids = random_ids(2, prompt, seed=prompt)
-        out = model.generate(input_ids=ids, **no_eos(2 * SEGMENT + 3), output_logits=True,
-                             return_dict_in_generate=True)
+        out = model.generate(
+            input_ids=ids, **no_eos(2 * SEGMENT + 3), output_logits=True, return_dict_in_generate=True
+        )
         with torch.no_grad():
             teacher = model(input_ids=out.sequences[:, :-1]).logits[:, prompt - 1 :]
         steps = torch.stack(out.logits, dim=1)
@@ -42,8 +43,9 @@ def test_decoding_inside_a_segment_extends_its_cache_instead_of_reading_it_again
     model = wrap(method, "llama").eval()
     plans = []
     plan = model.memory.plan
-    monkeypatch.setattr(model.memory, "plan",
-                        lambda segments, state: plans.append(len(segments)) or plan(segments, state))
+    monkeypatch.setattr(
+        model.memory, "plan", lambda segments, state: plans.append(len(segments)) or plan(segments, state)
+    )
 
     def plans_for(new_tokens: int) -> int:
         plans.clear()
@@ -99,15 +101,17 @@ def test_generation_stops_at_eos_and_streams_every_token():
         def end(self):
             tokens.append(None)
 
-    out = model.generate(input_ids=ids, max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=0,
-                         streamer=Collect())
+    out = model.generate(
+        input_ids=ids, max_new_tokens=10, do_sample=False, eos_token_id=eos, pad_token_id=0, streamer=Collect()
+    )
     row0 = out[0, 9:].tolist()
     assert eos in row0 and all(t == 0 for t in row0[row0.index(eos) + 1 :])
     assert tokens[-1] is None and torch.equal(torch.cat([t.view(2, -1) for t in tokens[1:-1]], dim=1), out[:, 9:])
 
 
-@pytest.mark.parametrize("method,family",
-                         [("hmt", "llama"), ("rmt", "opt"), ("transformer_xl", "llama"), ("hmt", "mamba")])
+@pytest.mark.parametrize(
+    "method,family", [("hmt", "llama"), ("rmt", "opt"), ("transformer_xl", "llama"), ("hmt", "mamba")]
+)
 def test_left_padded_batches_generate_what_each_row_generates_alone(method, family):
     model = wrap(method, family).eval()
     long, short = random_ids(1, 2 * SEGMENT + 3, seed=1), random_ids(1, SEGMENT + 3, seed=2)

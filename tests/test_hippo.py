@@ -8,7 +8,14 @@ import math
 import pytest
 import torch
 
-from hmt_adapters.methods.elastic.hippo import DISCRETIZATIONS, HiPPOLegS, legs_basis, legs_kernel, legs_matrices, legs_transition
+from hmt_adapters.methods.elastic.hippo import (
+    DISCRETIZATIONS,
+    HiPPOLegS,
+    legs_basis,
+    legs_kernel,
+    legs_matrices,
+    legs_transition,
+)
 
 F64 = torch.float64
 
@@ -38,8 +45,10 @@ def sines(T: int, cycles, seed: int = 0) -> torch.Tensor:
     x = midpoints(T)
     out = torch.zeros(T, dtype=F64)
     for w in cycles:
-        amp, phase = (0.5 + torch.rand(1, generator=gen, dtype=F64),
-                      2 * math.pi * torch.rand(1, generator=gen, dtype=F64))
+        amp, phase = (
+            0.5 + torch.rand(1, generator=gen, dtype=F64),
+            2 * math.pi * torch.rand(1, generator=gen, dtype=F64),
+        )
         out += amp * torch.sin(2 * math.pi * w * x + phase)
     return out
 
@@ -120,8 +129,9 @@ def test_constant_input_is_represented_exactly():
 def test_compression_is_linear():
     h = HiPPOLegS(20, dtype=F64)
     f, g = torch.randn(2, 3, 40, dtype=F64)
-    torch.testing.assert_close(h.compress(2.5 * f - 0.75 * g), 2.5 * h.compress(f) - 0.75 * h.compress(g), atol=1e-12,
-                               rtol=0)
+    torch.testing.assert_close(
+        h.compress(2.5 * f - 0.75 * g), 2.5 * h.compress(f) - 0.75 * h.compress(g), atol=1e-12, rtol=0
+    )
 
 
 # ---- Table 12 behaviour (N = 32, T = 1024 unless stated) -----------------------------------------------------
@@ -206,9 +216,11 @@ def test_float32_is_stable_at_N_8640():
 def test_bad_arguments_name_the_value_and_what_is_allowed():
     with pytest.raises(ValueError, match=r"`N` \(the HiPPO order\) must be an integer >= 1, got 0"):
         HiPPOLegS(0)
-    with pytest.raises(ValueError,
-                       match=r"`discretization` must be one of \['zoh', 'bilinear', 'forward', 'backward'\], "
-                       r"got 'rk4'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`discretization` must be one of \['zoh', 'bilinear', 'forward', 'backward'\], "
+        r"got 'rk4'",
+    ):
         HiPPOLegS(8, "rk4")
     h = HiPPOLegS(8)
     with pytest.raises(ValueError, match=r"last dimension N=8, got shape \(3, 5\)"):

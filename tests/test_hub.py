@@ -79,7 +79,8 @@ def test_lora_and_memory_adapters_are_saved_and_restored_together(tmp_path):
     model.eval()
     model.save_pretrained(tmp_path)
     assert {"adapter_config.json", "adapter_model.safetensors", "memory_adapter.safetensors"} <= set(
-        os.listdir(tmp_path))
+        os.listdir(tmp_path)
+    )
     assert "model.safetensors" not in os.listdir(tmp_path)
     loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path)).eval()
     ids = random_ids(2, 20)
@@ -128,8 +129,11 @@ class HubRecorder:
             recorder.calls.append(("upload_folder", kwargs))
             return "commit-info"
 
-        for name, fn in (("create_repo", create_repo), ("create_branch", create_branch),
-                         ("upload_folder", upload_folder)):
+        for name, fn in (
+            ("create_repo", create_repo),
+            ("create_branch", create_branch),
+            ("upload_folder", upload_folder),
+        ):
             monkeypatch.setattr(HfApi, name, fn)
 
     def kwargs(self, method: str) -> dict:
@@ -150,8 +154,10 @@ def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
     assert "library_name: hmt-adapters" in card and "base_model: HuggingFaceTB/SmolLM2-135M" in card
     assert "- hmt" in card and "| `sensory_length` | `2` |" in card and "| `memory_window` | `3` |" in card
     assert 'MemoryModel.from_pretrained(base, "me/smol-hmt")' in card
-    assert ('from transformers import AutoModelForCausalLM\n'
-            'base = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")') in card
+    assert (
+        "from transformers import AutoModelForCausalLM\n"
+        'base = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")'
+    ) in card
     assert 'AutoMemoryModelForCausalLM.from_pretrained("me/smol-hmt")' in card
     assert hub.config["method"] == "hmt"
 
@@ -171,14 +177,24 @@ def test_a_card_for_a_base_this_package_builds_names_its_hub_origin_and_the_code
 def test_push_to_hub_passes_branch_pull_request_and_commit_options_to_huggingface_hub(monkeypatch):
     hub = HubRecorder(monkeypatch)
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
-    model.push_to_hub("me/rmt", create_pr=True, revision="dev", private=True, commit_message="m",
-                      commit_description="d",
-                      tags=["extra"])
+    model.push_to_hub(
+        "me/rmt",
+        create_pr=True,
+        revision="dev",
+        private=True,
+        commit_message="m",
+        commit_description="d",
+        tags=["extra"],
+    )
     assert hub.kwargs("create_repo")["private"] is True
     assert hub.kwargs("create_branch") == {"repo_id": "me/rmt", "branch": "dev", "exist_ok": True}
     upload = hub.kwargs("upload_folder")
     assert (upload["revision"], upload["create_pr"], upload["commit_message"], upload["commit_description"]) == (
-        "dev", True, "m", "d")
+        "dev",
+        True,
+        "m",
+        "d",
+    )
     assert "- extra" in hub.card
     with pytest.raises(TypeError, match=r"\['max_shard_size'\].*allowed: .*'create_pr'"):
         model.push_to_hub("me/rmt", max_shard_size="1GB")
@@ -187,10 +203,14 @@ def test_push_to_hub_passes_branch_pull_request_and_commit_options_to_huggingfac
 def test_save_pretrained_with_push_to_hub_saves_and_pushes(monkeypatch, tmp_path):
     hub = HubRecorder(monkeypatch)
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)
-    model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="me/pushed", create_pr=True,
-                          commit_message="c")
+    model.save_pretrained(
+        tmp_path / "local", push_to_hub=True, repo_id="me/pushed", create_pr=True, commit_message="c"
+    )
     assert sorted(os.listdir(tmp_path / "local")) == [
-        "config.json", "memory_adapter.safetensors", "memory_config.json"]
+        "config.json",
+        "memory_adapter.safetensors",
+        "memory_config.json",
+    ]
     upload = hub.kwargs("upload_folder")
     assert (upload["repo_id"], upload["create_pr"], upload["commit_message"]) == ("me/pushed", True, "c")
     model.save_pretrained(tmp_path / "my-adapter", push_to_hub=True)
@@ -224,8 +244,9 @@ def hub_cache(root, repo_id: str, folder, revision: str = "main", sha: str = "a"
 
 
 def lora_hmt_model(seed: int = 0) -> ha.MemoryModel:
-    base = get_peft_model(tiny_backbone("llama"),
-                          LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    base = get_peft_model(
+        tiny_backbone("llama"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    )
     model = ha.wrap_with_memory(base, "hmt", **CFG)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -254,14 +275,15 @@ def test_an_adapter_with_lora_loads_by_hub_repo_id_from_the_cache_offline(tmp_pa
 
 def test_hub_revision_and_subfolder_pick_the_adapter(tmp_path):
     for name in ("main", "dev"):
-        trained(ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8,
-                                    num_memory_tokens=2)).save_pretrained(
-            tmp_path / name)
+        trained(
+            ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=2)
+        ).save_pretrained(tmp_path / name)
     cache = hub_cache(tmp_path / "hub", "org/rmt", tmp_path / "main")
     hub_cache(tmp_path / "hub", "org/rmt", tmp_path / "dev", revision="dev", sha="b" * 40, subfolder="adapters/rmt")
     main = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), "org/rmt", cache_dir=cache)
-    dev = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), "org/rmt", cache_dir=cache, revision="dev",
-                                         subfolder="adapters/rmt")
+    dev = ha.MemoryModel.from_pretrained(
+        tiny_backbone("llama"), "org/rmt", cache_dir=cache, revision="dev", subfolder="adapters/rmt"
+    )
     for model, folder in ((main, "main"), (dev, "dev")):
         saved = load_file(tmp_path / folder / "memory_adapter.safetensors")
         torch.testing.assert_close(dict(model.memory.state_dict()), saved)
@@ -284,23 +306,39 @@ def test_every_adapter_file_is_downloaded_with_the_hub_keywords(tmp_path, monkey
 
     monkeypatch.setattr(ha_hub, "snapshot_download", fake_snapshot_download)
     loaded = ha.MemoryModel.from_pretrained(
-        tiny_backbone("llama"), "org/adapter", revision="v1", token="tok", cache_dir="/c", force_download=True,
+        tiny_backbone("llama"),
+        "org/adapter",
+        revision="v1",
+        token="tok",
+        cache_dir="/c",
+        force_download=True,
         local_files_only=False,
     )
     request = requests[0]
-    assert {k: request[k] for k in ("repo_id", "revision", "token", "cache_dir", "force_download",
-                                    "local_files_only")} == {
-        "repo_id": "org/adapter", "revision": "v1", "token": "tok", "cache_dir": "/c", "force_download": True,
-        "local_files_only": False}
-    assert {"memory_config.json", "memory_adapter.safetensors", "adapter_config.json",
-            "adapter_model.safetensors"} <= set(os.listdir(tmp_path / "snapshot"))
+    assert {
+        k: request[k] for k in ("repo_id", "revision", "token", "cache_dir", "force_download", "local_files_only")
+    } == {
+        "repo_id": "org/adapter",
+        "revision": "v1",
+        "token": "tok",
+        "cache_dir": "/c",
+        "force_download": True,
+        "local_files_only": False,
+    }
+    assert {
+        "memory_config.json",
+        "memory_adapter.safetensors",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    } <= set(os.listdir(tmp_path / "snapshot"))
     assert any("lora_" in n for n, _ in loaded.named_parameters())
 
 
 def test_loading_keywords_that_are_neither_hub_options_nor_config_fields_are_refused(tmp_path):
     trained(ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8)).save_pretrained(tmp_path)
-    with pytest.raises(TypeError,
-                       match=r"\['device_map'\].*allowed: .*'is_trainable'.*'local_files_only'.*'segment_length'"):
+    with pytest.raises(
+        TypeError, match=r"\['device_map'\].*allowed: .*'is_trainable'.*'local_files_only'.*'segment_length'"
+    ):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), device_map="cpu")
     with pytest.raises(ValueError, match="`revision` applies to Hub repos, but .* is a local directory"):
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path), revision="dev")

@@ -8,19 +8,25 @@ import json
 
 import pytest
 import torch
-from tiny import random_ids, tiny_backbone
 
 import hmt_adapters as ha
 from hmt_adapters.attention import AttentionCall, AttentionContext, apply_rope
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
 from hmt_adapters.evaluation import TASKS
+from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
-from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.methods.unimem.infllm import InfLLM
+from tiny import random_ids, tiny_backbone
 
-SMALL = {"segment_length": 16, "window": 64, "sink_tokens": 8, "block_size": 8, "topk_blocks": 2,
-         "representative_keys": 2}
+SMALL = {
+    "segment_length": 16,
+    "window": 64,
+    "sink_tokens": 8,
+    "block_size": 8,
+    "topk_blocks": 2,
+    "representative_keys": 2,
+}
 
 
 def backbone():
@@ -143,8 +149,14 @@ def test_generation_from_a_read_document_is_deterministic_and_equals_one_read(cu
     tokens and scores each time, and the same tokens as generating from the whole prompt."""
     model = wrap(backbone())
     ids = random_ids(1, 300, seed=1)
-    kwargs = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "eos_token_id": None,
-              "output_scores": True, "return_dict_in_generate": True}
+    kwargs = {
+        "max_new_tokens": 5,
+        "do_sample": False,
+        "pad_token_id": 0,
+        "eos_token_id": None,
+        "output_scores": True,
+        "return_dict_in_generate": True,
+    }
     whole = model.generate(ids, **kwargs)
     with torch.no_grad():
         out, state = model.step(ids[:, :cut], return_logits=False)
@@ -268,14 +280,19 @@ def test_int8_store_quantizes_blocks_per_token_and_head_and_reads_close_to_float
         _, state = model.step(ids)
         _, exact = wrap(base).step(ids)
     keys, scale = state.tensors["block.k.0.0"], state.tensors["block.ks.0.0"]
-    assert keys.dtype == torch.int8 and scale.shape == (*keys.shape[:3], 1) and state.tensors["tail.v.1"].dtype == torch.float32
+    assert (
+        keys.dtype == torch.int8
+        and scale.shape == (*keys.shape[:3], 1)
+        and state.tensors["tail.v.1"].dtype == torch.float32
+    )
     reference = exact.tensors["block.k.0.0"]
     assert ((keys.float() * scale - reference).abs() <= scale / 2 + 1e-6).all()  # rounding error at most half a step
     assert 0 < (quarter - full).abs().max() < 0.02 * full.abs().max()
     state.save(tmp_path / "state")  # int8 blocks and their scales round-trip
     loaded = ha.MemoryState.load(tmp_path / "state")
-    assert torch.equal(loaded.tensors["block.k.0.0"], keys) and torch.equal(loaded.tensors["block.vs.1.0"],
-                                                                          state.tensors["block.vs.1.0"])
+    assert torch.equal(loaded.tensors["block.k.0.0"], keys) and torch.equal(
+        loaded.tensors["block.vs.1.0"], state.tensors["block.vs.1.0"]
+    )
     # where this process keeps its store is a runtime switch: not saved, given again when loading
     model.save_pretrained(tmp_path / "adapter")
     saved = json.loads((tmp_path / "adapter" / "memory_config.json").read_text())
@@ -284,13 +301,16 @@ def test_int8_store_quantizes_blocks_per_token_and_head_and_reads_close_to_float
     assert again.memory_config.store_device == "cpu"
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"select_per": "head"}, ["select_per", "layer", "kv_head"]),
-    ({"store_dtype": "int4"}, ["store_dtype", "bfloat16", "int8"]),
-    ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),
-    ({"window": 240}, ["240", "exceeds", "256"]),
-    ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"select_per": "head"}, ["select_per", "layer", "kv_head"]),
+        ({"store_dtype": "int4"}, ["store_dtype", "bfloat16", "int8"]),
+        ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),
+        ({"window": 240}, ["240", "exceeds", "256"]),
+        ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
+    ],
+)
 def test_bad_fields_are_refused_naming_the_value_and_the_allowed_ones(fields, words):
     with pytest.raises(ValueError) as err:
         wrap(backbone(), **fields)
@@ -317,8 +337,15 @@ def test_standard_passkey_and_noise_needle_tasks():
 
 def test_records_accumulate_without_duplicates_and_wilson_intervals(tmp_path):
     path = tmp_path / "r.jsonl"
-    row = {"reader": "infllm", "task": "passkey_standard", "haystack": "repeat", "length": 8192, "depth": 0.5,
-           "seed": 0, "score": 1.0}
+    row = {
+        "reader": "infllm",
+        "task": "passkey_standard",
+        "haystack": "repeat",
+        "length": 8192,
+        "depth": 0.5,
+        "seed": 0,
+        "score": 1.0,
+    }
     append_record(path, row)
     append_record(path, {**row, "score": 0.0})  # the same key again: the later record replaces it
     append_record(path, {**row, "seed": 1, "score": 1.0})
@@ -350,8 +377,10 @@ def test_retrieval_recall_per_layer_at_the_question(topk, found):
     inside = Sample("t", 250, ids[0].tolist(), ["x"], "q", [Insert("n", 0.9, position=240, num_tokens=5)], "none")
     assert retrieval_recall(model, inside)["layers_found"] == 2  # in the local window: always readable
     # of several needles, the ones holding an answer count (a multi-key prompt's distractors need not be read)
-    needles = [Insert("the key is x", 0.9, position=240, num_tokens=5), Insert("the key is y", 0.2, position=40,
-                                                                               num_tokens=5)]
+    needles = [
+        Insert("the key is x", 0.9, position=240, num_tokens=5),
+        Insert("the key is y", 0.2, position=40, num_tokens=5),
+    ]
     several = Sample("t", 250, ids[0].tolist(), ["x"], "q", needles, "none")
     assert retrieval_recall(model, several)["layers_found"] == 2
     several.answers = ["y"]

@@ -79,8 +79,9 @@ def test_the_next_save_removes_staging_folders_a_killed_save_left(tmp_path):
 
 def saver_models() -> list[ha.MemoryModel]:
     """Two RMT adapters whose weights differ in shape (1 and 3 memory tokens) and in value."""
-    models = [ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=n)
-              for n in (1, 3)]
+    models = [
+        ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=n) for n in (1, 3)
+    ]
     for n, model in enumerate(models):
         torch.manual_seed(n)
         with torch.no_grad():
@@ -134,6 +135,7 @@ def test_an_interrupted_re_save_changes_the_folder_in_one_step(tmp_path, monkeyp
             if len(calls) == 2:
                 raise KeyboardInterrupt
             return real(*args, **kwargs)
+
         return rename
 
     monkeypatch.setattr(os, "replace", interrupted(os.replace))

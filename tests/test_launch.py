@@ -17,9 +17,30 @@ from launch_fixture import write_documents, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "examples" / "train_hmt.py")
-TINY_RUN = ["--segment-length", "16", "--sensory-length", "4", "--memory-window", "4", "--stage1-steps", "1",
-            "--stage2-steps", "1", "--stage2-segments", "3", "--batch-size", "1", "--eval-tokens", "64",
-            "--save-steps", "100", "--loss-segments", "1", "--stride-segments", "1"]
+TINY_RUN = [
+    "--segment-length",
+    "16",
+    "--sensory-length",
+    "4",
+    "--memory-window",
+    "4",
+    "--stage1-steps",
+    "1",
+    "--stage2-steps",
+    "1",
+    "--stage2-segments",
+    "3",
+    "--batch-size",
+    "1",
+    "--eval-tokens",
+    "64",
+    "--save-steps",
+    "100",
+    "--loss-segments",
+    "1",
+    "--stride-segments",
+    "1",
+]
 
 
 def free_port() -> int:
@@ -33,10 +54,25 @@ def launchers(port: int) -> dict[str, list[str]]:
     bin_dir = Path(sys.executable).parent
     return {
         "torchrun": [str(bin_dir / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)],
-        "accelerate": [str(bin_dir / "accelerate"), "launch", "--config_file", accelerate_config("multi_process"),
-                       "--num_processes", "2", "--main_process_port", str(port)],
-        "accelerate --cpu": [str(bin_dir / "accelerate"), "launch", "--cpu", "--num_processes", "2",
-                             "--main_process_port", str(port)],
+        "accelerate": [
+            str(bin_dir / "accelerate"),
+            "launch",
+            "--config_file",
+            accelerate_config("multi_process"),
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(port),
+        ],
+        "accelerate --cpu": [
+            str(bin_dir / "accelerate"),
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(port),
+        ],
     }
 
 
@@ -44,8 +80,16 @@ def run_example(launcher: str, tmp_path: Path) -> subprocess.CompletedProcess:
     texts = write_documents(tmp_path / "docs")
     write_tiny_model(tmp_path / "model", texts)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = launchers(free_port())[launcher] + [SCRIPT, "--model", str(tmp_path / "model"), "--corpus",
-                                              str(tmp_path / "docs"), "--output", str(tmp_path / "run"), *TINY_RUN]
+    cmd = launchers(free_port())[launcher] + [
+        SCRIPT,
+        "--model",
+        str(tmp_path / "model"),
+        "--corpus",
+        str(tmp_path / "docs"),
+        "--output",
+        str(tmp_path / "run"),
+        *TINY_RUN,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 

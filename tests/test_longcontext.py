@@ -72,12 +72,21 @@ def test_build_sample_keeps_insert_order_and_rejects_too_short_lengths():
     tok = tiny_tokenizer()
     hay = load_haystack("repeat", tok)
     inserts = [Insert("First fact.", 0.9), Insert("Second fact.", 0.1)]  # asked out of order: order is kept
-    build_sample(tok, hay, 500, "Head.\n", inserts, "\nTail", random.Random(0), task="t", answers=["x"],
-                          query="q")
+    build_sample(tok, hay, 500, "Head.\n", inserts, "\nTail", random.Random(0), task="t", answers=["x"], query="q")
     assert inserts[0].position < inserts[1].position
     with pytest.raises(ValueError, match="too short"):
-        build_sample(tok, hay, 20, "Head " * 10, [Insert("Fact.", 0.5)], "Tail", random.Random(0), task="t",
-                     answers=["x"], query="q")
+        build_sample(
+            tok,
+            hay,
+            20,
+            "Head " * 10,
+            [Insert("Fact.", 0.5)],
+            "Tail",
+            random.Random(0),
+            task="t",
+            answers=["x"],
+            query="q",
+        )
 
 
 def _solve_babi(facts: list[str], question: str) -> str:
@@ -192,6 +201,11 @@ def test_the_long_context_benchmark_runs_without_the_optional_lm_eval():
     as on a machine that has only the core dependencies (it failed there at import before)."""
     root = Path(__file__).resolve().parents[1]
     code = "import sys; sys.modules['lm_eval'] = None; sys.path.insert(0, 'benchmarks'); import longcontext"
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]

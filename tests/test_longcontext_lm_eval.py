@@ -25,8 +25,9 @@ SEGMENT = 16
 
 
 def _model(tok) -> ha.MemoryModel:
-    return ha.wrap_with_memory(tiny_llama(len(tok)), "hmt", segment_length=SEGMENT, sensory_length=3, memory_window=4,
-                               retrieval_dim=16).eval()
+    return ha.wrap_with_memory(
+        tiny_llama(len(tok)), "hmt", segment_length=SEGMENT, sensory_length=3, memory_window=4, retrieval_dim=16
+    ).eval()
 
 
 def _run(lm, folder: str, task: str) -> list:
@@ -41,8 +42,11 @@ def test_rolling_loglikelihood_equals_the_projects_nll(tmp_path):
     texts = [tok.decode(s.input_ids) for s in make_samples("passkey", tok, 180, 2, haystack="repeat")]
     folder = write_lm_eval_tasks(str(tmp_path), {}, tok, books={"book": texts})
     expected = [
-        -float(token_nll(model, torch.tensor([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"]))
-               .double().sum())
+        -float(
+            token_nll(model, torch.tensor([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"]))
+            .double()
+            .sum()
+        )
         for t in texts
     ]
     assert all(len(tok(t)["input_ids"]) > 8 * SEGMENT for t in texts)  # many segments: memory is carried
@@ -65,8 +69,12 @@ def test_generate_until_reads_across_segments_with_memory(tmp_path):
     for sample, result in zip(samples, results):
         ids = torch.tensor([tok(tok.decode(sample.input_ids), add_special_tokens=False)["input_ids"]])
         assert ids.shape[1] > 10 * SEGMENT
-        new = model.generate(input_ids=ids, max_new_tokens=sample.extra["max_new_tokens"], do_sample=False,
-                             pad_token_id=tok.eos_token_id)[0, ids.shape[1]:]
+        new = model.generate(
+            input_ids=ids,
+            max_new_tokens=sample.extra["max_new_tokens"],
+            do_sample=False,
+            pad_token_id=tok.eos_token_id,
+        )[0, ids.shape[1] :]
         expected = tok.decode(new, skip_special_tokens=False).split(tok.eos_token)[0]
         assert result["resps"][0][0] == expected
         assert result["score"] == float(expected.strip()[:5] == sample.answers[0])
@@ -96,9 +104,14 @@ def saved_model_and_book_task(tmp_path):
 
 def test_registered_model_type_builds_backbone_and_adapter_from_model_args(tmp_path):
     tok, model, backbone, adapter, texts, folder = saved_model_and_book_task(tmp_path)
-    out = simple_evaluate(model="hmt-adapters", model_args=f"pretrained={backbone},adapter={adapter}",
-                          tasks=["hmt_book"], task_manager=TaskManager(include_path=folder, include_defaults=False),
-                          log_samples=True, bootstrap_iters=0)
+    out = simple_evaluate(
+        model="hmt-adapters",
+        model_args=f"pretrained={backbone},adapter={adapter}",
+        tasks=["hmt_book"],
+        task_manager=TaskManager(include_path=folder, include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
     ids = [tok.bos_token_id] + tok(texts[0], add_special_tokens=False)["input_ids"]
     expected = -float(token_nll(model, torch.tensor(ids)).double().sum())
     assert out["samples"]["hmt_book"][0]["resps"][0][0] == pytest.approx(expected, rel=1e-6)
@@ -119,9 +132,13 @@ def test_exported_tasks_hold_no_absolute_paths_and_run_after_the_folder_moves(tm
     moved = shutil.move(written, str(tmp_path / "elsewhere" / "tasks"))
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
-    out = simple_evaluate(model=MemoryLM(model, tokenizer=tok), tasks=["hmt_book"],
-                          task_manager=TaskManager(include_path=moved, include_defaults=False), log_samples=True,
-                          bootstrap_iters=0)
+    out = simple_evaluate(
+        model=MemoryLM(model, tokenizer=tok),
+        tasks=["hmt_book"],
+        task_manager=TaskManager(include_path=moved, include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
     ids = [tok.bos_token_id] + tok(texts[0], add_special_tokens=False)["input_ids"]
     expected = -float(token_nll(model, torch.tensor(ids)).double().sum())
     assert out["samples"]["hmt_book"][0]["resps"][0][0] == pytest.approx(expected, rel=1e-6)
@@ -138,9 +155,24 @@ def test_the_hmt_lm_eval_command_is_lm_evals_cli_with_the_model_type(tmp_path, m
         target = tomllib.load(fh)["project"]["scripts"]["hmt-lm-eval"]
     module, func = target.split(":")
     tok, model, backbone, adapter, texts, folder = saved_model_and_book_task(tmp_path)
-    monkeypatch.setattr(sys, "argv", [
-        "hmt-lm-eval", "--model", "hmt-adapters", "--model_args", f"pretrained={backbone},adapter={adapter}",
-        "--tasks", "hmt_book", "--include_path", folder, "--device", "cpu", "--batch_size", "1",
-    ])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "hmt-lm-eval",
+            "--model",
+            "hmt-adapters",
+            "--model_args",
+            f"pretrained={backbone},adapter={adapter}",
+            "--tasks",
+            "hmt_book",
+            "--include_path",
+            folder,
+            "--device",
+            "cpu",
+            "--batch_size",
+            "1",
+        ],
+    )
     getattr(importlib.import_module(module), func)()
     assert "hmt_book" in capsys.readouterr().out

@@ -91,13 +91,20 @@ def test_readme_section_lists_every_reader_its_store_and_seconds_per_prompt():
     from longcontext import readme_section
 
     tok = tiny_tokenizer()
-    readers, info = zero_shot_readers(tiny_llama(len(tok)), ["memorizing_transformer", "rmt"], segment_length=32,
-                                      memory="cover", cover=160)
+    readers, info = zero_shot_readers(
+        tiny_llama(len(tok)), ["memorizing_transformer", "rmt"], segment_length=32, memory="cover", cover=160
+    )
     rows = answer_rows(readers, make_samples("passkey", tok, 160, 2, haystack="repeat"), tok, progress=False)
     rows[0]["seconds"], rows[2]["seconds"] = 1.0, 3.0  # memorizing's two samples: mean 2.0
-    data = {"command": "benchmarks/longcontext.py --methods memorizing_transformer rmt", "context": 4096, "window": 32,
-            "readers": [r.name for r in readers], "rows": rows, "table": accuracy_table(rows),
-            "zero_shot": {"memory": "cover", "readers": info}}
+    data = {
+        "command": "benchmarks/longcontext.py --methods memorizing_transformer rmt",
+        "context": 4096,
+        "window": 32,
+        "readers": [r.name for r in readers],
+        "rows": rows,
+        "table": accuracy_table(rows),
+        "zero_shot": {"memory": "cover", "readers": info},
+    }
     text = readme_section(data, "x")
     accuracy = data["table"]["passkey"]["rmt (zero-shot)"]["160"]["accuracy"]
     assert f"| `rmt (zero-shot)` | {accuracy:.2f} (2) |" in text

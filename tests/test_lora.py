@@ -48,15 +48,17 @@ def test_lora_and_memory_train_together_and_reload_from_one_directory(tmp_path):
                 p.add_(0.1)  # LoRA B starts at zero: make the adapter matter
     model.save_pretrained(tmp_path)
     assert {"adapter_config.json", "adapter_model.safetensors", "memory_adapter.safetensors"} <= set(
-        os.listdir(tmp_path))
+        os.listdir(tmp_path)
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # peft's read of a deprecated transformers property stays quiet
         add_lora(tiny_backbone("llama"))
         reloaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path)).eval()
     ids = random_ids(2, 30)
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits, atol=1e-6,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            reloaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits, atol=1e-6, rtol=1e-5
+        )
 
 
 def test_memory_saving_switches_give_the_same_lora_and_memory_gradients():

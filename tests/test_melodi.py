@@ -41,8 +41,9 @@ def test_first_window_equals_the_backbone_for_any_memory_weights(family):
     perturb(model)
     ids = random_ids(2, W)
     with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=ids).logits, model.base_model(input_ids=ids).logits, atol=1e-5,
-                                   rtol=1e-4)
+        torch.testing.assert_close(
+            model(input_ids=ids).logits, model.base_model(input_ids=ids).logits, atol=1e-5, rtol=1e-4
+        )
 
 
 def test_context_tokens_never_see_their_windows_summary_tokens():
@@ -69,8 +70,9 @@ def test_wrapping_leaves_the_backbone_alone_outside_memory_calls():
             out = model(input_ids=ids).logits
     for s in range(0, ids.shape[1], W):
         with torch.no_grad():
-            torch.testing.assert_close(out[:, s : s + W], base(input_ids=ids[:, s : s + W]).logits, atol=1e-5,
-                                       rtol=1e-4)
+            torch.testing.assert_close(
+                out[:, s : s + W], base(input_ids=ids[:, s : s + W]).logits, atol=1e-5, rtol=1e-4
+            )
 
 
 def test_a_copy_and_a_second_wrapper_of_the_same_backbone_run_their_own_mixers():
@@ -116,8 +118,10 @@ def test_both_memories_reach_attention_in_every_later_window(monkeypatch):
         assert prefixes == [(layer, S) for layer in range(4)]  # window 1 has no prefix; window 2 one per layer
         base = model.step(ids[:, 2 * W :], state)[0].logits
         no_short = dict(state.tensors, **{f"z.{i}": torch.zeros_like(state.tensors[f"z.{i}"]) for i in range(4)})
-        no_long = dict(state.tensors,
-                       **{"k.2": torch.zeros_like(state.tensors["k.2"]), "v.2": torch.rand_like(state.tensors["v.2"])})
+        no_long = dict(
+            state.tensors,
+            **{"k.2": torch.zeros_like(state.tensors["k.2"]), "v.2": torch.rand_like(state.tensors["v.2"])},
+        )
         for tensors in (no_short, no_long):
             changed = model.step(ids[:, 2 * W :], ha.MemoryState("melodi", tensors, state.segments_seen))[0].logits
             assert (changed - base).abs().max() > 1e-4
@@ -163,7 +167,12 @@ def test_bptt_depth_is_the_stop_gradient_between_windows():
     grads = {}
     for depth in (None, 1):
         model = ha.wrap_with_memory(
-            tiny_backbone("llama"), "melodi", segment_length=W, summary_length=S, long_term_length=L, bptt_depth=depth,
+            tiny_backbone("llama"),
+            "melodi",
+            segment_length=W,
+            summary_length=S,
+            long_term_length=L,
+            bptt_depth=depth,
             freeze_backbone=False,
         )
         model(input_ids=ids, labels=labels).loss.backward()

@@ -47,7 +47,11 @@ def test_xl_covering_the_document_without_stop_gradient_has_full_attentions_grad
     full = tiny_backbone("llama")
     full(input_ids=ids, labels=last_segment_labels(ids)).loss.backward()
     xl = ha.wrap_with_memory(
-        tiny_backbone("llama"), "transformer_xl", segment_length=L, memory_size=4 * L, detach_memory=False,
+        tiny_backbone("llama"),
+        "transformer_xl",
+        segment_length=L,
+        memory_size=4 * L,
+        detach_memory=False,
         freeze_backbone=False,
     )
     xl(input_ids=ids, labels=last_segment_labels(ids)).loss.backward()
@@ -72,7 +76,11 @@ def test_without_stop_gradient_the_key_segment_gets_full_attentions_gradient():
     ids = random_ids(2, 4 * L)
     full = tiny_backbone("llama")
     xl = ha.wrap_with_memory(
-        tiny_backbone("llama"), "transformer_xl", segment_length=L, memory_size=4 * L, detach_memory=False,
+        tiny_backbone("llama"),
+        "transformer_xl",
+        segment_length=L,
+        memory_size=4 * L,
+        detach_memory=False,
         freeze_backbone=False,
     )
     expected = first_segment_gradient(full, ids)
@@ -84,8 +92,9 @@ def test_elastic_reads_back_every_token_only_with_its_default_square_readout(mem
     """With as many memory tokens as coefficients (the default), every token of a 72-token history but the newest
     is at least 0.4 of some memory token's weight; 16 uniform samples leave most tokens below 0.1 everywhere (the
     recall benchmark's old Elastic row, which could not read the key's digits back)."""
-    model = ha.wrap_with_memory(tiny_backbone("llama"), "elastic", segment_length=L, hippo_order=64,
-                                memory_tokens=memory_tokens)
+    model = ha.wrap_with_memory(
+        tiny_backbone("llama"), "elastic", segment_length=L, hippo_order=64, memory_tokens=memory_tokens
+    )
     history = 9 * L
     readout = model.memory.readout([history], torch.device("cpu"))[0].double()
     weights = (readout @ model.memory.hippo.kernel(0, history).double()).pow(2)  # [memory tokens, history]

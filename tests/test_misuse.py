@@ -18,15 +18,24 @@ RMT = dict(segment_length=8, num_memory_tokens=2)
 # ---- states ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("other, difference", [
-    (lambda: ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=16, num_memory_tokens=2),
-     r"segment_length 8 \(state\) vs 16 \(model\)"),
-    (lambda: ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=3),
-     r"num_memory_tokens 2 \(state\) vs 3 \(model\)"),
-    (lambda: ha.wrap_with_memory(tiny_backbone("qwen2"), "rmt", **RMT),
-     r"base_model_architecture 'LlamaForCausalLM' \(state\) vs 'Qwen2ForCausalLM' \(model\)"),
-    (lambda: ha.wrap_with_memory(tiny_backbone("opt"), "rmt", **RMT), r"embed_dim 32 \(state\) vs 16 \(model\)"),
-])
+@pytest.mark.parametrize(
+    "other, difference",
+    [
+        (
+            lambda: ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=16, num_memory_tokens=2),
+            r"segment_length 8 \(state\) vs 16 \(model\)",
+        ),
+        (
+            lambda: ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=8, num_memory_tokens=3),
+            r"num_memory_tokens 2 \(state\) vs 3 \(model\)",
+        ),
+        (
+            lambda: ha.wrap_with_memory(tiny_backbone("qwen2"), "rmt", **RMT),
+            r"base_model_architecture 'LlamaForCausalLM' \(state\) vs 'Qwen2ForCausalLM' \(model\)",
+        ),
+        (lambda: ha.wrap_with_memory(tiny_backbone("opt"), "rmt", **RMT), r"embed_dim 32 \(state\) vs 16 \(model\)"),
+    ],
+)
 def test_a_state_of_another_config_or_backbone_is_refused_naming_the_difference(other, difference, tmp_path):
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
     _, state = model.step(random_ids(1, 5), model.init_memory(1))
@@ -71,11 +80,16 @@ def test_loading_a_file_that_is_not_a_state_says_what_it_is(tmp_path):
 def test_an_empty_batch_is_a_clear_error(shape):
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
     ids = torch.zeros(shape, dtype=torch.long)
-    for call in (lambda: model(input_ids=ids), lambda: model.step(ids),
-                 lambda: model.generate(input_ids=ids, max_new_tokens=1)):
-        with pytest.raises(ValueError,
-                           match=rf"\[batch, length >= 1\] tensor of token ids with batch >= 1, got \({shape[0]}, "
-                           rf"{shape[1]}\)"):
+    for call in (
+        lambda: model(input_ids=ids),
+        lambda: model.step(ids),
+        lambda: model.generate(input_ids=ids, max_new_tokens=1),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"\[batch, length >= 1\] tensor of token ids with batch >= 1, got \({shape[0]}, "
+            rf"{shape[1]}\)",
+        ):
             call()
 
 
@@ -105,18 +119,27 @@ def test_wrapping_a_memory_model_again_is_refused_at_wrap_time(tmp_path):
         ha.MemoryModel.from_pretrained(model, str(tmp_path))
 
 
-BERT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=64)
+BERT = dict(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
 
 
 def test_bidirectional_and_encoder_decoder_models_are_refused_naming_why():
-    with pytest.raises(ValueError,
-                       match=r"BertForMaskedLM is not a causal LM: .*leak the future \(bert's causal LM is "
-                       r"BertLMHeadModel"):
+    with pytest.raises(
+        ValueError,
+        match=r"BertForMaskedLM is not a causal LM: .*leak the future \(bert's causal LM is "
+        r"BertLMHeadModel",
+    ):
         ha.wrap_with_memory(BertForMaskedLM(BertConfig(**BERT)), "rmt", **RMT)
-    with pytest.raises(ValueError,
-                       match="BertLMHeadModel \\(bert\\) runs as a bidirectional encoder because config.is_decoder is "
-                       "False"):
+    with pytest.raises(
+        ValueError,
+        match="BertLMHeadModel \\(bert\\) runs as a bidirectional encoder because config.is_decoder is False",
+    ):
         ha.wrap_with_memory(BertLMHeadModel(BertConfig(**BERT)), "rmt", **RMT)
     t5 = T5ForConditionalGeneration(T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
     with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model"):
@@ -138,14 +161,26 @@ def unsigned(state: ha.MemoryState) -> ha.MemoryState:
     return state
 
 
-@pytest.mark.parametrize("made_by, other, difference", [
-    (("rmt", RMT), ("rmt", dict(segment_length=8, num_memory_tokens=3)),
-     r"'memory' per-stream shape \(2, 32\) \(state\) vs \(3, 32\) \(model\)"),
-    (("transformer_xl", dict(segment_length=8, memory_size=16)),
-     ("transformer_xl", dict(segment_length=8, memory_size=24)), r"'k.1' per-stream shape \(2, 16, 8\) \(state\)"),
-    (("hmt", dict(segment_length=8, sensory_length=2, memory_window=4)), ("rmt", RMT),
-     r"tensor 'cache' only in the state; .*tensor 'memory' only in the model"),
-])
+@pytest.mark.parametrize(
+    "made_by, other, difference",
+    [
+        (
+            ("rmt", RMT),
+            ("rmt", dict(segment_length=8, num_memory_tokens=3)),
+            r"'memory' per-stream shape \(2, 32\) \(state\) vs \(3, 32\) \(model\)",
+        ),
+        (
+            ("transformer_xl", dict(segment_length=8, memory_size=16)),
+            ("transformer_xl", dict(segment_length=8, memory_size=24)),
+            r"'k.1' per-stream shape \(2, 16, 8\) \(state\)",
+        ),
+        (
+            ("hmt", dict(segment_length=8, sensory_length=2, memory_window=4)),
+            ("rmt", RMT),
+            r"tensor 'cache' only in the state; .*tensor 'memory' only in the model",
+        ),
+    ],
+)
 def test_an_unsigned_state_of_another_method_or_config_is_refused_by_its_tensors(made_by, other, difference, tmp_path):
     model = ha.wrap_with_memory(tiny_backbone("llama"), made_by[0], **made_by[1])
     _, state = model.step(random_ids(1, 27))

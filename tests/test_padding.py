@@ -63,8 +63,9 @@ def test_padded_rows_stream_like_the_unpadded_row(method, family):
     with torch.no_grad():
         state, parts, start = None, [], 0
         for size in (5, SEGMENT + 1, batch.shape[1] - 5 - SEGMENT - 1):  # rows close segments in different calls
-            out, state = model.step(batch[:, start : start + size], state,
-                                    attention_mask=mask[:, start : start + size])
+            out, state = model.step(
+                batch[:, start : start + size], state, attention_mask=mask[:, start : start + size]
+            )
             parts.append(out.logits)
             start += size
         logits = torch.cat(parts, dim=1)

@@ -44,7 +44,10 @@ def test_merge_and_unload_keeps_the_memory_and_saves_a_memory_only_adapter(tmp_p
     torch.testing.assert_close(logits(merged, ids), before, atol=1e-5, rtol=1e-5)
     merged.save_pretrained(tmp_path / "adapter")
     assert sorted(os.listdir(tmp_path / "adapter")) == [
-        "config.json", "memory_adapter.safetensors", "memory_config.json"]
+        "config.json",
+        "memory_adapter.safetensors",
+        "memory_config.json",
+    ]
     assert json.loads((tmp_path / "adapter" / "memory_config.json").read_text())["base_model_name_or_path"] is None
     merged.base_model.save_pretrained(tmp_path / "base")
     merged_base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")

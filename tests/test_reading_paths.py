@@ -90,23 +90,33 @@ def dense_prefix_attention(query, key, value, local_visible, read, scaling, drop
 CASES = {
     "topk_pos0": ("llama", "memorizing_transformer", dict(memory_size=40, topk=5, memory_layers=[0, 1]), "sdpa"),
     "topk_original_gated": (
-        "qwen2", "memorizing_transformer", dict(memory_size=40, topk=3, positions="original", combine="gated"), "sdpa"
+        "qwen2",
+        "memorizing_transformer",
+        dict(memory_size=40, topk=3, positions="original", combine="gated"),
+        "sdpa",
     ),
     "topk_eager": ("llama", "memorizing_transformer", dict(memory_size=24, topk=4, memory_layers=[0, 1]), "eager"),
     "unimix": ("llama", "unimix", dict(memory_size=40, memory_tokens=2), "sdpa"),
     "union": (
-        "qwen2", "unimix",
-        dict(memory_size=40, window=5, global_tokens=3, topk=2, memory_tokens=0, memory_layers=[0, 1]), "sdpa",
+        "qwen2",
+        "unimix",
+        dict(memory_size=40, window=5, global_tokens=3, topk=2, memory_tokens=0, memory_layers=[0, 1]),
+        "sdpa",
     ),
     "window": ("llama", "transformer_xl", dict(memory_size=30, reading="window", window=11), "sdpa"),
     "global": (
-        "llama", "transformer_xl", dict(memory_size=30, reading="global", global_tokens=3, positions="pos0"), "sdpa"
+        "llama",
+        "transformer_xl",
+        dict(memory_size=30, reading="global", global_tokens=3, positions="pos0"),
+        "sdpa",
     ),
     "trams": ("llama", "trams", dict(memory_size=32, select_size=12), "sdpa"),
     "trams_kv_head": ("llama", "trams", dict(memory_size=32, select_size=12, select_per="kv_head"), "sdpa"),
     "trams_paper_original": (
-        "qwen2", "trams",
-        dict(memory_size=32, select_size=10, recent_keep=4, select_score="paper", positions="original"), "sdpa",
+        "qwen2",
+        "trams",
+        dict(memory_size=32, select_size=10, recent_keep=4, select_score="paper", positions="original"),
+        "sdpa",
     ),
     "trams_eager": ("llama", "trams", dict(memory_size=32, select_size=12), "eager"),
     "trams_opt": ("opt", "trams", dict(memory_size=24, select_size=12), "sdpa"),
@@ -166,7 +176,8 @@ def test_prefix_attention_with_one_mask_for_all_heads_equals_the_mask_per_head()
         torch.testing.assert_close(
             prefix_attention(query, key, value, local, read, 0.3),
             dense_prefix_attention(query, key, value, local, read, 0.3),
-            atol=1e-6, rtol=1e-5,
+            atol=1e-6,
+            rtol=1e-5,
         )
 
 
@@ -184,5 +195,6 @@ def test_one_decoded_token_without_concatenation_equals_the_prefix_attention(mem
     torch.testing.assert_close(
         attend.one_token_attention(query, key, value, local, read, 0.3),
         dense_prefix_attention(query, key, value, local, read, 0.3),
-        atol=1e-6, rtol=1e-5,
+        atol=1e-6,
+        rtol=1e-5,
     )

@@ -100,8 +100,9 @@ def test_sliding_window_evaluation_equals_one_forward_over_the_whole_document():
         logits = windowed(input_ids=ids[None]).logits[0]
         receptive = layers * (rt.SEGMENT - 1) + 1  # each layer reaches SEGMENT - 1 tokens further back
         t = ids.numel() - 1
-        torch.testing.assert_close(windowed(input_ids=ids[None, t - receptive + 1 :]).logits[0, -1], logits[t],
-                                   atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            windowed(input_ids=ids[None, t - receptive + 1 :]).logits[0, -1], logits[t], atol=2e-5, rtol=1e-4
+        )
     expected = torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")
     torch.testing.assert_close(rt.document_nll("sliding_window", windowed, ids)["nll"], expected, atol=2e-5, rtol=1e-4)
 
@@ -109,11 +110,25 @@ def test_sliding_window_evaluation_equals_one_forward_over_the_whole_document():
 def test_readme_marks_each_ordering_with_its_two_numbers_and_the_noise():
     def row(late: float) -> dict:
         ppl = {"0-512": 300.0, "512-2048": 290.0, rt.LATE: late}
-        return {"ppl": ppl, "per_document": {"d": {rt.LATE: {"ppl": late}}}, "parameters": 1, "memory_floats": None,
-                "train_seconds": 1.0, "description": "x"}
+        return {
+            "ppl": ppl,
+            "per_document": {"d": {rt.LATE: {"ppl": late}}},
+            "parameters": 1,
+            "memory_floats": None,
+            "train_seconds": 1.0,
+            "description": "x",
+        }
 
-    late = {"sliding_window": 100.0, "sliding_window_seed1": 102.0, "hmt": 90.0, "rmt": 95.0, "trams": 101.0,
-            "transformer_xl": 101.0, "elastic": 110.0, "memorizing_transformer": 100.0}
+    late = {
+        "sliding_window": 100.0,
+        "sliding_window_seed1": 102.0,
+        "hmt": 90.0,
+        "rmt": 95.0,
+        "trams": 101.0,
+        "transformer_xl": 101.0,
+        "elastic": 110.0,
+        "memorizing_transformer": 100.0,
+    }
     runs = {name: row(value) for name, value in late.items()}
     data = {"settings": rt.settings(2, 2, 0), "data": {"held_out": {"d": 10}}, "runs": runs, "provenance": {}}
     text = rt.readme_section(data)

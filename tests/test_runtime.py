@@ -25,11 +25,13 @@ def test_targets_shift_across_segment_boundaries():
 
 def test_tails_keep_the_last_real_tokens_right_aligned():
     ids, mask = torch.tensor([[1, 2, 3]]), torch.tensor([[1, 1, 0]])
-    tail_ids, tail_mask = append_tail(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), ids,
-                                      mask, 4)
+    tail_ids, tail_mask = append_tail(
+        torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), ids, mask, 4
+    )
     assert tail_mask.tolist() == [[0, 0, 1, 1]] and tail_ids[:, 2:].tolist() == [[1, 2]]
-    tail_ids, tail_mask = append_tail(tail_ids, tail_mask, torch.tensor([[7, 8, 9]]),
-                                      torch.ones(1, 3, dtype=torch.long), 4)
+    tail_ids, tail_mask = append_tail(
+        tail_ids, tail_mask, torch.tensor([[7, 8, 9]]), torch.ones(1, 3, dtype=torch.long), 4
+    )
     assert tail_ids.tolist() == [[2, 7, 8, 9]] and tail_mask.tolist() == [[1, 1, 1, 1]]
 
 
@@ -41,8 +43,9 @@ SWITCHES = [
 ]
 
 
-@pytest.mark.parametrize("method,kw",
-                         [("hmt", dict(sensory_length=3, memory_window=4)), ("rmt", dict(num_memory_tokens=2))])
+@pytest.mark.parametrize(
+    "method,kw", [("hmt", dict(sensory_length=3, memory_window=4)), ("rmt", dict(num_memory_tokens=2))]
+)
 def test_offload_and_checkpointing_give_the_same_loss_and_gradients(method, kw, monkeypatch):
     packed = []
     original_pack = offload.ActivationOffload._pack
@@ -204,8 +207,14 @@ def test_offload_under_bf16_autocast_moves_no_parameter_cast_and_keeps_gradients
     results = []
     for switches in (dict(), dict(offload_activations=True)):
         torch.manual_seed(0)
-        model = ha.wrap_with_memory(add_lora(tiny_backbone("llama"), rank=2, dropout=0.0), "hmt", segment_length=8,
-                                    sensory_length=3, memory_window=4, **switches)
+        model = ha.wrap_with_memory(
+            add_lora(tiny_backbone("llama"), rank=2, dropout=0.0),
+            "hmt",
+            segment_length=8,
+            sensory_length=3,
+            memory_window=4,
+            **switches,
+        )
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -214,8 +223,9 @@ def test_offload_under_bf16_autocast_moves_no_parameter_cast_and_keeps_gradients
 
     def is_cast_of_a_parameter(t):  # by value: the tensor equals some parameter cast to its dtype (or its transpose)
         views = [t, t.mT] if t.dim() == 2 else [t]
-        return any(v.shape == p.shape and v.dtype != p.dtype and torch.equal(v, p.to(v.dtype))
-                   for v in views for p in params)
+        return any(
+            v.shape == p.shape and v.dtype != p.dtype and torch.equal(v, p.to(v.dtype)) for v in views for p in params
+        )
 
     assert len(moved) > 50 and {t.dtype for t in moved} >= {torch.bfloat16, torch.float32}
     assert not [tuple(t.shape) for t in moved if is_cast_of_a_parameter(t)]

@@ -17,8 +17,14 @@ from hmt_adapters.training import Stage, add_lora, hmt_stages, segment_curriculu
 from tiny import random_ids, tiny_backbone
 
 SEGMENT = 8
-ARGS = dict(per_device_train_batch_size=2, learning_rate=1e-2, logging_steps=1, use_cpu=True, disable_tqdm=True,
-            save_strategy="no")
+ARGS = dict(
+    per_device_train_batch_size=2,
+    learning_rate=1e-2,
+    logging_steps=1,
+    use_cpu=True,
+    disable_tqdm=True,
+    save_strategy="no",
+)
 
 
 class Recorder(TrainerCallback):
@@ -36,11 +42,25 @@ def documents(n: int = 4, length: int = 70) -> Dataset:
 
 
 def test_two_stages_hand_stage_one_weights_to_stage_two_with_retrieval(tmp_path):
-    model = ha.wrap_with_memory(add_lora(tiny_backbone("llama"), dropout=0.0), "hmt", segment_length=SEGMENT,
-                                sensory_length=2, memory_window=4, use_retrieval=False, offload_activations=True)
+    model = ha.wrap_with_memory(
+        add_lora(tiny_backbone("llama"), dropout=0.0),
+        "hmt",
+        segment_length=SEGMENT,
+        sensory_length=2,
+        memory_window=4,
+        use_retrieval=False,
+        offload_activations=True,
+    )
     recorder = Recorder()
-    final = train_stages(model, hmt_stages(stage1_steps=2, stage2_steps=1, stage2_segments=3), documents(),
-                         str(tmp_path), training_args=ARGS, eval_documents=documents(2), callbacks=[recorder])
+    final = train_stages(
+        model,
+        hmt_stages(stage1_steps=2, stage2_steps=1, stage2_segments=3),
+        documents(),
+        str(tmp_path),
+        training_args=ARGS,
+        eval_documents=documents(2),
+        callbacks=[recorder],
+    )
     assert final.memory_config.use_retrieval and final is not model
     assert final.memory_config.offload_activations  # a runtime switch: not in the saved adapter, kept by the reload
     stage1 = MemoryConfig.from_json_file(tmp_path / "stage1" / "memory_config.json")
@@ -71,13 +91,22 @@ def test_curriculum_levels_grow_the_window_and_continue_the_same_model(tmp_path)
         (lambda m, d, o: Stage(0, 5), ValueError, "n_segments"),
         (lambda m, d, o: train_stages(m, [], d, o), ValueError, "empty"),
         (lambda m, d, o: train_stages(m, hmt_stages(1, 1), d, o), ValueError, "first stage 'stage1' expects"),
-        (lambda m, d, o: train_stages(m, [Stage(2, 1, config={"bogus": 1})], d, o), ValueError,
-         "unknown config fields"),
-        (lambda m, d, o: train_stages(m, [Stage(2, 1)], d, o, deepspeed=f"{o}.json"), FileNotFoundError,
-         "does not exist"),
+        (
+            lambda m, d, o: train_stages(m, [Stage(2, 1, config={"bogus": 1})], d, o),
+            ValueError,
+            "unknown config fields",
+        ),
+        (
+            lambda m, d, o: train_stages(m, [Stage(2, 1)], d, o, deepspeed=f"{o}.json"),
+            FileNotFoundError,
+            "does not exist",
+        ),
         (lambda m, d, o: Stage(2, 1, min_segments=3), ValueError, r"min_segments` must be in \[1, n_segments=2\]"),
-        (lambda m, d, o: train_stages(m, [Stage(2, 1), Stage(4, 1)], d, o, stride_segments=3), ValueError,
-         r"\[1, 2\]"),
+        (
+            lambda m, d, o: train_stages(m, [Stage(2, 1), Stage(4, 1)], d, o, stride_segments=3),
+            ValueError,
+            r"\[1, 2\]",
+        ),
     ],
 )
 def test_bad_stage_input_is_a_clear_error_before_anything_is_written(tmp_path, call, error, message):
@@ -102,11 +131,20 @@ def test_paper_protocol_last_segment_loss_on_stride_windows_logs_the_real_depths
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", segment_length=SEGMENT)
     first = FirstBatch()
     with caplog.at_level(logging.INFO, logger="hmt_adapters.training.stages"):
-        train_stages(model, [Stage(3, 1, min_segments=2)], documents(4, 70), str(tmp_path), training_args=ARGS,
-                     callbacks=[first], loss_segments=1, stride_segments=1)
+        train_stages(
+            model,
+            [Stage(3, 1, min_segments=2)],
+            documents(4, 70),
+            str(tmp_path),
+            training_args=ARGS,
+            callbacks=[first],
+            loss_segments=1,
+            stride_segments=1,
+        )
     # 70 tokens, windows ending every 8: 8 (dropped, 1 segment), 16, 24, then 24 each and a last one of 22 tokens
-    assert ("32 windows, 3 segments asked, depth min/median/max 2/3/3, 4 (12.5%) shorter; loss on the last 1 "
-            "segment(s)") in caplog.text
+    assert (
+        "32 windows, 3 segments asked, depth min/median/max 2/3/3, 4 (12.5%) shorter; loss on the last 1 segment(s)"
+    ) in caplog.text
     batch = first.batches[0]
     for ids, labels, mask in zip(batch["input_ids"], batch["labels"], batch["attention_mask"]):
         n = int(mask.sum())

@@ -26,8 +26,9 @@ def test_a_stream_under_grad_keeps_a_bounded_graph(depth):
     ids = random_ids(2, 12 * SEGMENT)
     state, sizes = None, []
     for n in range(12):
-        out, state = model.step(ids[:, n * SEGMENT : (n + 1) * SEGMENT], state,
-                                labels=ids[:, n * SEGMENT : (n + 1) * SEGMENT])
+        out, state = model.step(
+            ids[:, n * SEGMENT : (n + 1) * SEGMENT], state, labels=ids[:, n * SEGMENT : (n + 1) * SEGMENT]
+        )
         out.loss.backward(retain_graph=True)
         sizes.append(graph_nodes(state))
     assert sizes[0] > 0 and max(sizes[4:]) == max(sizes[:4])  # no growth after the first truncation windows

@@ -54,8 +54,13 @@ def test_method_options_pass_through_and_override_the_recipe():
     assert model.memory_config.num_memory_tokens == 3  # the recipe's 8, overridden
     hmt = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "hmt", SEGMENT, 1024)
     assert hmt.memory_config.memory_window == 1024  # the recipe keeps every segment of the longest run retrievable
-    xl = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "transformer_xl", SEGMENT, 4,
-                            recipe.parse_method_options(["detach_memory=False", "memory_size=64"]))
+    xl = recipe.build_model(
+        tiny_llama(len(tiny_tokenizer())),
+        "transformer_xl",
+        SEGMENT,
+        4,
+        recipe.parse_method_options(["detach_memory=False", "memory_size=64"]),
+    )
     assert xl.memory_config.detach_memory is False and xl.memory_config.memory_size == 64
 
 
@@ -106,9 +111,32 @@ def test_train_batch_size_caps_tokens_per_step():
 
 
 def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
-    report = recipe.main(["--width", "32", "--max-steps", "2", "--eval-every", "1", "--levels", "2",
-                          "--eval-segments", "3", "--batch-size", "2", "--eval-size", "2", "--eval-samples", "3",
-                          "--method", "rmt", "--method-option", "num_memory_tokens=2", "--output", str(tmp_path)])
+    report = recipe.main(
+        [
+            "--width",
+            "32",
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "1",
+            "--levels",
+            "2",
+            "--eval-segments",
+            "3",
+            "--batch-size",
+            "2",
+            "--eval-size",
+            "2",
+            "--eval-samples",
+            "3",
+            "--method",
+            "rmt",
+            "--method-option",
+            "num_memory_tokens=2",
+            "--output",
+            str(tmp_path),
+        ]
+    )
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["accuracy"] == json.loads(json.dumps(report["accuracy"]))
     assert saved["method_options"] == {"num_memory_tokens": 2}
@@ -119,8 +147,24 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
     assert row["correct"] == sum(s["exact"] for s in row["per_sample"])
     assert saved["provenance"]["git_commit"]
     # --init-from reloads the trained backbone, tokenizer and adapter: with no further step, the same answers
-    again = recipe.main(["--init-from", str(tmp_path), "--max-steps", "0", "--levels", "2", "--eval-segments", "3",
-                         "--eval-samples", "3", "--eval-size", "2", "--output", str(tmp_path / "again")])
+    again = recipe.main(
+        [
+            "--init-from",
+            str(tmp_path),
+            "--max-steps",
+            "0",
+            "--levels",
+            "2",
+            "--eval-segments",
+            "3",
+            "--eval-samples",
+            "3",
+            "--eval-size",
+            "2",
+            "--output",
+            str(tmp_path / "again"),
+        ]
+    )
     for n in ("2", "3"):
         assert again["accuracy"][n]["answer_nll"] == pytest.approx(report["accuracy"][n]["answer_nll"], abs=1e-5)
     assert again["steps"] == 0
@@ -129,8 +173,9 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
 def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
     from hmt_adapters.training import add_lora
 
-    model = recipe.build_model(add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None,
-                               freeze_backbone=True)
+    model = recipe.build_model(
+        add_lora(tiny_llama(len(tiny_tokenizer()))), "rmt", SEGMENT, 4, None, freeze_backbone=True
+    )
     model.save_pretrained(tmp_path)
     loaded = recipe.load_for_training(add_lora(tiny_llama(len(tiny_tokenizer()))), str(tmp_path), freeze_backbone=True)
     trainable = {n for n, p in loaded.named_parameters() if p.requires_grad}
@@ -139,9 +184,28 @@ def test_init_from_keeps_lora_trainable_on_a_frozen_backbone(tmp_path):
 
 
 def test_max_minutes_stops_training_then_saves_and_evaluates(tmp_path):
-    report = recipe.main(["--width", "32", "--max-steps", "50", "--max-minutes", "0", "--levels", "2",
-                          "--eval-segments", "3", "--batch-size", "2", "--eval-size", "2", "--eval-samples", "2",
-                          "--output", str(tmp_path)])
+    report = recipe.main(
+        [
+            "--width",
+            "32",
+            "--max-steps",
+            "50",
+            "--max-minutes",
+            "0",
+            "--levels",
+            "2",
+            "--eval-segments",
+            "3",
+            "--batch-size",
+            "2",
+            "--eval-size",
+            "2",
+            "--eval-samples",
+            "2",
+            "--output",
+            str(tmp_path),
+        ]
+    )
     assert report["steps"] == 1 and report["time_limit_reached"]
     assert (tmp_path / "adapter" / "memory_config.json").exists() and set(report["accuracy"]) == {"2", "3"}
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import Trainer, TrainingArguments
 
 import hmt_adapters as ha
-from hmt_adapters.saving.checkpoint import trainable_keys
 from hmt_adapters.data import WindowCollator
+from hmt_adapters.saving.checkpoint import trainable_keys
 from tiny import random_ids, tiny_backbone
 
 HMT = dict(segment_length=8, sensory_length=2, memory_window=4)
@@ -24,15 +24,25 @@ def hmt_model(family: str = "llama", **kw) -> ha.MemoryModel:
 
 
 # transformers' current name for the switch (`gradient_checkpointing`, its older name, is now a deprecated alias)
-CHECKPOINTING = next(n for n in ("activation_checkpointing", "gradient_checkpointing")
-                     if n in TrainingArguments.__dataclass_fields__)
+CHECKPOINTING = next(
+    n for n in ("activation_checkpointing", "gradient_checkpointing") if n in TrainingArguments.__dataclass_fields__
+)
 
 
 def train(model: ha.MemoryModel, out, max_steps: int = 4, resume: str | None = None, **args) -> list[float]:
     data = Dataset.from_dict({"input_ids": random_ids(8, 24).tolist()})
     arguments = TrainingArguments(
-        str(out), max_steps=max_steps, save_steps=2, logging_steps=1, per_device_train_batch_size=2,
-        learning_rate=1e-2, report_to="none", use_cpu=True, disable_tqdm=True, seed=0, **args,
+        str(out),
+        max_steps=max_steps,
+        save_steps=2,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        **args,
     )
     trainer = Trainer(model=model, args=arguments, train_dataset=data, data_collator=WindowCollator())
     trainer.train(resume_from_checkpoint=resume)
@@ -46,10 +56,15 @@ def test_checkpoints_hold_the_adapter_and_save_model_reloads(tmp_path):
     weights = load_file(checkpoint / "model.safetensors")
     assert set(weights) == trainable_keys(model) and all(k.startswith("memory.") for k in weights)
     assert {"memory_config.json", "memory_adapter.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
-    Trainer(model=model, args=TrainingArguments(str(tmp_path), report_to="none",
-                                                use_cpu=True)).save_model(str(tmp_path / "final"))
+    Trainer(model=model, args=TrainingArguments(str(tmp_path), report_to="none", use_cpu=True)).save_model(
+        str(tmp_path / "final")
+    )
     assert sorted(os.listdir(tmp_path / "final")) == [
-        "config.json", "memory_adapter.safetensors", "memory_config.json", "training_args.bin"]
+        "config.json",
+        "memory_adapter.safetensors",
+        "memory_config.json",
+        "training_args.bin",
+    ]
     reloaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path / "final")).eval()
     ids = random_ids(2, 30, seed=1)
     with torch.no_grad():
@@ -74,8 +89,9 @@ def test_trainer_gradient_checkpointing_switches_per_segment_checkpointing_and_o
     assert not model.memory_config.offload_activations
     assert checkpointed == pytest.approx(plain, abs=1e-6)
     both = hmt_model()
-    offloaded = train(both, tmp_path / "c", max_steps=2,
-                      **{CHECKPOINTING: True, f"{CHECKPOINTING}_kwargs": {"offload": True}})
+    offloaded = train(
+        both, tmp_path / "c", max_steps=2, **{CHECKPOINTING: True, f"{CHECKPOINTING}_kwargs": {"offload": True}}
+    )
     assert both.memory_config.gradient_checkpointing and both.memory_config.offload_activations
     assert offloaded == pytest.approx(plain, abs=1e-6)
     model.activation_checkpointing_disable()
@@ -96,8 +112,9 @@ def test_resuming_a_checkpoint_of_another_method_or_backbone_is_a_clear_error(tm
     train(other(), tmp_path / "a", max_steps=2)
     with pytest.raises(ValueError, match=message):
         train(hmt_model(), tmp_path / "b", resume=str(tmp_path / "a" / "checkpoint-2"))
-    assert not (tmp_path / "b").exists() or not any(p.name.startswith("checkpoint")
-                                                    for p in (tmp_path / "b").iterdir())
+    assert not (tmp_path / "b").exists() or not any(
+        p.name.startswith("checkpoint") for p in (tmp_path / "b").iterdir()
+    )
 
 
 def test_load_state_dict_accepts_a_full_state_dict_and_reports_only_trainable_gaps():
@@ -116,11 +133,18 @@ def test_trainer_steps_run_the_head_only_on_supervised_segments_and_evaluation_k
     labels[:, 17:] = ids[:, 17:]  # predictions inside the last of 3 segments only
     data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist()})
     arguments = TrainingArguments(
-        str(tmp_path), max_steps=2, per_device_train_batch_size=2, per_device_eval_batch_size=4, report_to="none",
-        use_cpu=True, disable_tqdm=True, prediction_loss_only=False,
+        str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=4,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        prediction_loss_only=False,
     )
-    trainer = Trainer(model=model, args=arguments, train_dataset=data, eval_dataset=data,
-                      data_collator=WindowCollator())
+    trainer = Trainer(
+        model=model, args=arguments, train_dataset=data, eval_dataset=data, data_collator=WindowCollator()
+    )
     trainer.train()
     assert len(calls) == 2  # one supervised segment per step, not three
     prediction = trainer.predict(data)
@@ -132,8 +156,9 @@ def test_window_collator_honours_each_rows_attention_mask():
     the loss equals the one of the same rows unpadded, whatever the padding holds."""
     model = hmt_model().eval()
     rows = [random_ids(1, n, seed=n)[0].tolist() for n in (19, 12)]
-    padded = [{"input_ids": r + [7] * (24 - len(r)), "attention_mask": [1] * len(r) + [0] * (24 - len(r))}
-              for r in rows]
+    padded = [
+        {"input_ids": r + [7] * (24 - len(r)), "attention_mask": [1] * len(r) + [0] * (24 - len(r))} for r in rows
+    ]
     batch = WindowCollator()(padded)
     assert torch.equal(batch["labels"][1, 12:], torch.full((12,), -100))
     plain = WindowCollator()([{"input_ids": r} for r in rows])
@@ -155,8 +180,9 @@ def test_compute_metrics_receives_the_logits_as_from_any_causal_lm(tmp_path):
         return {"accuracy": float((top1 == pred.label_ids[:, 1:]).mean())}
 
     args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=2, report_to="none", use_cpu=True)
-    metrics = Trainer(model=model, args=args, eval_dataset=data, data_collator=WindowCollator(),
-                      compute_metrics=compute_metrics).evaluate()
+    metrics = Trainer(
+        model=model, args=args, eval_dataset=data, data_collator=WindowCollator(), compute_metrics=compute_metrics
+    ).evaluate()
     ids = torch.tensor(data["input_ids"])
     with torch.no_grad():
         expected = model(input_ids=ids).logits

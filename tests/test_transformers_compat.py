@@ -33,7 +33,7 @@ def every_verb(model: ha.MemoryModel, family: str, folder) -> None:
         loss.backward()
     model.eval()
     with torch.no_grad():
-        _, state = model.step(ids[:, :SEGMENT + 1])
+        _, state = model.step(ids[:, : SEGMENT + 1])
         model.step(ids[:, SEGMENT + 1 :], state)
     model.generate(input_ids=ids, **GREEDY)
     model.generate(input_ids=ids, use_cache=False, **GREEDY)
@@ -51,8 +51,11 @@ def test_no_deprecation_warning_from_wrap_forward_step_generate_save_and_load(me
         with caplog.at_level(logging.WARNING, logger="transformers"):
             every_verb(wrap(method, family), family, tmp_path / "plain")
             lora = add_lora(tiny_backbone(families[0]), rank=2, dropout=0.0)
-            every_verb(ha.wrap_with_memory(lora, method, segment_length=SEGMENT, **METHOD_CASES[method]),
-                       families[0], tmp_path / "lora")
+            every_verb(
+                ha.wrap_with_memory(lora, method, segment_length=SEGMENT, **METHOD_CASES[method]),
+                families[0],
+                tmp_path / "lora",
+            )
     deprecations = [r.getMessage() for r in caplog.records if "deprecat" in r.getMessage().lower()]
     assert deprecations == []
 

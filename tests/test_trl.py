@@ -31,8 +31,9 @@ METHODS = {
 def memory_model(method: str, lora: bool = True) -> ha.MemoryModel:
     base = tiny_llama(len(tiny_tokenizer()))
     if lora:
-        base = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
-                                               init_lora_weights=False))
+        base = get_peft_model(
+            base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        )
     return ha.wrap_with_memory(base, method, **METHODS[method])
 
 
@@ -70,8 +71,19 @@ def test_example_trains_memory_and_lora_with_sft_trainer_and_reloads(tmp_path):
     the folder reloads to the trained model's logits exactly."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "trl_sft.py"), "--tiny", "--max-steps", "2", "--output",
-         str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "trl_sft.py"),
+            "--tiny",
+            "--max-steps",
+            "2",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
@@ -83,23 +95,41 @@ def test_example_trains_memory_and_lora_with_sft_trainer_and_reloads(tmp_path):
 
 
 def sft_config(out, **kw) -> SFTConfig:
-    return SFTConfig(str(out), max_steps=1, per_device_train_batch_size=2, report_to="none", use_cpu=True, bf16=False,
-                     save_strategy="no", disable_tqdm=True, **kw)
+    return SFTConfig(
+        str(out),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        **kw,
+    )
 
 
 def test_sft_peft_config_on_a_memory_model_is_refused_naming_the_order(tmp_path):
     model = memory_model("hmt", lora=False)
     data = Dataset.from_dict({"text": ["the passkey is 42"] * 4})
     with pytest.raises(TypeError, match=r"wrap_with_memory\(get_peft_model\(base, peft_config\)"):
-        SFTTrainer(model=model, args=sft_config(tmp_path), train_dataset=data, processing_class=tiny_tokenizer(),
-                   peft_config=LoraConfig(target_modules=["q_proj"]))
+        SFTTrainer(
+            model=model,
+            args=sft_config(tmp_path),
+            train_dataset=data,
+            processing_class=tiny_tokenizer(),
+            peft_config=LoraConfig(target_modules=["q_proj"]),
+        )
 
 
 def test_sft_padding_free_batches_are_refused(tmp_path):
     """Padding-free batches pack documents into one row with `position_ids`: memory would carry one into the next."""
     model = memory_model("hmt", lora=False)
     data = Dataset.from_dict({"text": ["the passkey is 42 and the door is red"] * 4})
-    trainer = SFTTrainer(model=model, args=sft_config(tmp_path, padding_free=True, max_length=None),
-                         train_dataset=data, processing_class=tiny_tokenizer())
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(tmp_path, padding_free=True, max_length=None),
+        train_dataset=data,
+        processing_class=tiny_tokenizer(),
+    )
     with pytest.raises(ValueError, match="position_ids.*padding_free"):
         trainer.train()

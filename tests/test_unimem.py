@@ -39,8 +39,12 @@ def spy_reads(monkeypatch) -> list[tuple[int, MemoryRead]]:
 
 @pytest.mark.parametrize(
     "family,select_per,impl",
-    [("llama", "query_head", "sdpa"), ("qwen2", "query_head", "eager"), ("llama", "kv_head", "eager"),
-     ("opt", "query_head", "sdpa")],
+    [
+        ("llama", "query_head", "sdpa"),
+        ("qwen2", "query_head", "eager"),
+        ("llama", "kv_head", "eager"),
+        ("opt", "query_head", "sdpa"),
+    ],
 )
 def test_trams_selecting_the_whole_pool_equals_transformer_xl(family, select_per, impl):
     ids = random_ids(2, 5 * L + 3)
@@ -48,8 +52,9 @@ def test_trams_selecting_the_whole_pool_equals_transformer_xl(family, select_per
     xl_base.set_attn_implementation(impl)
     trams_base.set_attn_implementation(impl)
     xl = ha.wrap_with_memory(xl_base, "transformer_xl", segment_length=L, memory_size=16).eval()
-    trams = ha.wrap_with_memory(trams_base, "trams", segment_length=L, memory_size=16, select_size=16,
-                                select_per=select_per)
+    trams = ha.wrap_with_memory(
+        trams_base, "trams", segment_length=L, memory_size=16, select_size=16, select_per=select_per
+    )
     torch.testing.assert_close(logits(trams.eval(), ids), logits(xl, ids), atol=2e-5, rtol=1e-4)
 
 
@@ -137,8 +142,9 @@ def test_trams_in_the_model_attends_to_the_selection_of_its_pool(monkeypatch):
     original = reading.trams_select
     monkeypatch.setattr(reading, "trams_select", lambda *a: chosen.append(original(*a)) or chosen[-1])
     reads = spy_reads(monkeypatch)
-    model = ha.wrap_with_memory(tiny_backbone("llama"), "trams", segment_length=L, memory_size=16,
-                                select_size=8).eval()
+    model = ha.wrap_with_memory(
+        tiny_backbone("llama"), "trams", segment_length=L, memory_size=16, select_size=8
+    ).eval()
     ids = random_ids(2, 3 * L)
     with torch.no_grad():
         _, state = model.step(ids[:, : 2 * L])
@@ -165,8 +171,9 @@ def test_trams_pool_is_updated_fifo_whatever_was_selected():
     """Spec T9: layer 0's pool (its keys depend on no earlier layer) equals Transformer-XL's."""
     ids = random_ids(2, 5 * L)
     xl = ha.wrap_with_memory(tiny_backbone("llama"), "transformer_xl", segment_length=L, memory_size=16).eval()
-    trams = ha.wrap_with_memory(tiny_backbone("llama"), "trams", segment_length=L, memory_size=16,
-                                select_size=4).eval()
+    trams = ha.wrap_with_memory(
+        tiny_backbone("llama"), "trams", segment_length=L, memory_size=16, select_size=4
+    ).eval()
     with torch.no_grad():
         _, a = xl.step(ids)
         _, b = trams.step(ids)
@@ -200,9 +207,11 @@ def test_joint_softmax_equals_the_gate_set_to_the_partition_ratio():
     key, value = torch.randn(B, Hkv, q, D, generator=gen), torch.randn(B, Hkv, q, D, generator=gen)
     local = torch.ones(q, q, dtype=torch.bool).tril()[None, None]
     read = MemoryRead(
-        torch.randn(B, Hkv, S, D, generator=gen), torch.randn(B, Hkv, S, D, generator=gen),
+        torch.randn(B, Hkv, S, D, generator=gen),
+        torch.randn(B, Hkv, S, D, generator=gen),
         torch.rand(B, 1, q, S, generator=gen) > 0.3,
-        pq_logits=torch.randn(B, Hq, q, K, generator=gen), pq_v=torch.randn(B, Hq, q, K, D, generator=gen),
+        pq_logits=torch.randn(B, Hq, q, K, generator=gen),
+        pq_v=torch.randn(B, Hq, q, K, D, generator=gen),
         pq_visible=torch.ones(B, Hq, q, K, dtype=torch.bool),
     )
     scale = D**-0.5
@@ -211,18 +220,21 @@ def test_joint_softmax_equals_the_gate_set_to_the_partition_ratio():
     z_mem = (query @ k_mem.transpose(-1, -2) * scale).exp().mul(read.visible).sum(-1) + read.pq_logits.exp().sum(-1)
     z_loc = (query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) * scale).exp().mul(local).sum(-1)
     gate = (z_mem / (z_mem + z_loc))[..., None]
-    torch.testing.assert_close(joint_attention(query, key, value, local, read, scale, gate=gate), joint, atol=1e-5,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        joint_attention(query, key, value, local, read, scale, gate=gate), joint, atol=1e-5, rtol=1e-4
+    )
     memory_only = joint_attention(query, key, value, local, read, scale, gate=torch.ones(()))
     no_local = torch.zeros_like(local)  # the joint softmax without local keys is attention over memory only
-    torch.testing.assert_close(memory_only, joint_attention(query, key, value, no_local, read, scale), atol=1e-5,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        memory_only, joint_attention(query, key, value, no_local, read, scale), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_a_closed_gate_is_the_backbone_without_memory_and_the_gate_is_learned():
     ids = random_ids(2, 3 * L)
-    model = ha.wrap_with_memory(tiny_backbone("llama"), "memorizing_transformer", segment_length=L,
-                                combine="gated").eval()
+    model = ha.wrap_with_memory(
+        tiny_backbone("llama"), "memorizing_transformer", segment_length=L, combine="gated"
+    ).eval()
     assert model.memory.gate.shape == (1, 4)  # one memory layer (the last of 2), one theta per query head
     with torch.no_grad():
         model.memory.gate.fill_(-1e4)
@@ -258,7 +270,8 @@ def test_memory_reaches_every_memory_layer_of_every_segment(method, family, extr
     held = [min(16, L * (n // 2)) for n in range(8)]
     for (_, read), expect in zip(reads, held):
         entries = read.visible.any(-2).sum(-1).max() + (
-            0 if read.pq_visible is None else read.pq_visible.any(-2).sum(-1).max())
+            0 if read.pq_visible is None else read.pq_visible.any(-2).sum(-1).max()
+        )
         assert (int(entries) > 0) == (expect > 0)
     assert (with_memory[:, L:] - without[:, L:]).abs().max() > 1e-5
 
@@ -284,8 +297,10 @@ def test_memory_stays_at_memory_size_over_a_thousand_segments(method, extra):
 def test_presets_resolve_the_papers_sizes_and_layers():
     """UniMem check 10 at L = 2048 on a 22-layer TinyLlama: 2,048 / 20,480 / 20,480 + 40 entries; layers 11,21 and
     11..21 (0-based); TRAMS keeps the code's 3:1 split of the attended memory."""
-    s = {p: ha.UniMemConfig(preset=p, segment_length=2048).settings()
-         for p in ("transformer_xl", "memorizing_transformer", "unimix", "trams")}
+    s = {
+        p: ha.UniMemConfig(preset=p, segment_length=2048).settings()
+        for p in ("transformer_xl", "memorizing_transformer", "unimix", "trams")
+    }
     sizes = (s["transformer_xl"].memory_size, s["memorizing_transformer"].memory_size, s["unimix"].memory_size)
     assert sizes == (2048, 20480, 20480)
     assert s["unimix"].memory_tokens == 40
@@ -308,11 +323,13 @@ def test_errors_name_the_wrong_values():
         ha.wrap_with_memory(tiny_backbone("llama"), "memorizing_transformer", segment_length=L, memory_layers=[2])
     with pytest.raises(ValueError, match=r"`topk` applies to reading \['topk', 'union'\], but `reading` is 'trams'"):
         ha.TRAMSConfig(topk=3)
-    with pytest.raises(ValueError,
-                       match=r"`positions`='compact' needs a reading in \['all', 'window', 'trams'\].*'topk'"):
+    with pytest.raises(
+        ValueError, match=r"`positions`='compact' needs a reading in \['all', 'window', 'trams'\].*'topk'"
+    ):
         ha.UniMemConfig(preset="memorizing_transformer", positions="compact")
-    with pytest.raises(ValueError,
-                       match=r"`reading` must be one of \['all', 'window', 'global', 'topk', 'union', 'trams'\]"):
+    with pytest.raises(
+        ValueError, match=r"`reading` must be one of \['all', 'window', 'global', 'topk', 'union', 'trams'\]"
+    ):
         ha.UniMemConfig(reading="knn")
     with pytest.raises(ValueError, match=r"window of 88 positions"):
         ha.wrap_with_memory(tiny_backbone("llama"), "unimix", segment_length=8)  # 40 RMT tokens read + written

@@ -33,14 +33,25 @@ from tiny import random_ids, tiny_backbone  # noqa: E402
 def train(out: str, resume: str | None = None) -> tuple[list[float], dict[str, torch.Tensor], int]:
     """Three ZeRO-2 steps (checkpoint after two), or the last one resumed from that checkpoint."""
     model = ha.wrap_with_memory(
-        add_lora(tiny_backbone("llama", tie_word_embeddings=True), dropout=0.0), "hmt", segment_length=8,
+        add_lora(tiny_backbone("llama", tie_word_embeddings=True), dropout=0.0),
+        "hmt",
+        segment_length=8,
         sensory_length=2,
         memory_window=4,
     )
     data = Dataset.from_dict({"input_ids": random_ids(12, 24).tolist()})
     args = TrainingArguments(
-        out, max_steps=3, save_steps=2, logging_steps=1, per_device_train_batch_size=1, learning_rate=1e-2,
-        use_cpu=True, deepspeed=deepspeed_config("zero2"), report_to="none", disable_tqdm=True, seed=0,
+        out,
+        max_steps=3,
+        save_steps=2,
+        logging_steps=1,
+        per_device_train_batch_size=1,
+        learning_rate=1e-2,
+        use_cpu=True,
+        deepspeed=deepspeed_config("zero2"),
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
     )
     trainer = MemoryTrainer(model=model, args=args, train_dataset=data, data_collator=WindowCollator())
     trainer.train(resume_from_checkpoint=resume)

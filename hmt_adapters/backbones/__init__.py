@@ -14,9 +14,7 @@ from .rwkv import RwkvAdapter
 from .wrapping import is_peft
 
 _ADAPTERS: dict[str, type[BackboneAdapter]] = {
-    model_type: cls
-    for cls in (OPTAdapter, GPT2Adapter, MambaAdapter, RwkvAdapter)
-    for model_type in cls.model_types
+    model_type: cls for cls in (OPTAdapter, GPT2Adapter, MambaAdapter, RwkvAdapter) for model_type in cls.model_types
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))

@@ -151,8 +151,12 @@ class BackboneAdapter:
     continues_cache: ClassVar[bool] = True  # a cached call continues exactly where a full read would be
 
     def body_cached(
-        self, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor | None, cache: Any,
-        **kwargs: Any
+        self,
+        inputs_embeds: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        cache: Any,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, Any]:
         """Run the body on new slots after those in `cache` (None: a fresh window); returns `(hidden, cache)`.
 
@@ -160,8 +164,12 @@ class BackboneAdapter:
         """
         self.check_mask(mask)
         out = self.body_module(
-            inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids, use_cache=True,
-            **cache_kwargs(cache), **kwargs,
+            inputs_embeds=inputs_embeds,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **cache_kwargs(cache),
+            **kwargs,
         )
         return out.last_hidden_state, output_cache(out)
 
@@ -180,8 +188,9 @@ class BackboneAdapter:
     def decoder_layers(self) -> list[Any]:
         """The decoder layers, in order: the body's module list with one entry per hidden layer."""
         if self._layers is None:
-            raise NotImplementedError(f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its "
-                                      "body.")
+            raise NotImplementedError(
+                f"'{self.model_type}': no list of {self.num_layers} decoder layers found in its body."
+            )
         return list(self._layers)
 
     @functools.cached_property
@@ -202,8 +211,10 @@ class BackboneAdapter:
         attns = [a for a in map(fam.find_attention, layers) if a is not None]
         nested = next(filter(None, map(fam.nested_attention, layers)), None)
         if not attns and nested is not None:
-            return (f"its attention is not a module of its decoder layers but sits inside a block they call "
-                    f"(`{nested}`, shared between layers), where per-layer memory cannot be joined")
+            return (
+                f"its attention is not a module of its decoder layers but sits inside a block they call "
+                f"(`{nested}`, shared between layers), where per-layer memory cannot be joined"
+            )
         if not attns:
             return "it has no attention layers (memory can only enter through input embeddings)"
         return fam.attention_refusal(self.model, attns[0], self.rope_module)
@@ -367,18 +378,22 @@ class BackboneAdapter:
             for layer in self.attention_layers:
                 key, value = self._captured_kv(layer, hidden, here)
                 if key.shape[-1] != value.shape[-1] or key.shape[-1] != self.head_dim:
-                    return (f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not "
-                            f"share one head width (multi-head latent attention; head_dim {self.head_dim}), which "
-                            "memory stores both at")
+                    return (
+                        f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not "
+                        f"share one head width (multi-head latent attention; head_dim {self.head_dim}), which "
+                        "memory stores both at"
+                    )
                 rope = self.rotary(here, hidden, layer)
                 if rope is None:
                     continue
                 moved, _ = self._captured_kv(layer, hidden, here + 5)
                 expected = rotate(unrotate(key, *rope), *(self.rotary(here + 5, hidden, layer) or ())).float()
                 if (expected - moved.float()).abs().max() > tolerance * moved.float().abs().max():
-                    return (f"its layer {layer}'s keys at other positions are not its RoPE rotation of the same "
-                            "keys (a map after RoPE, such as a norm of the rotated keys), so memory keys cannot be "
-                            "re-positioned")
+                    return (
+                        f"its layer {layer}'s keys at other positions are not its RoPE rotation of the same "
+                        "keys (a map after RoPE, such as a norm of the rotated keys), so memory keys cannot be "
+                        "re-positioned"
+                    )
         return None
 
     def layer_query(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

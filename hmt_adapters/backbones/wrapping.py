@@ -35,14 +35,18 @@ def check_causal_lm(model: nn.Module) -> None:
         return  # not a HF model: get_backbone_adapter says what it expects
     cls, model_type = type(inner).__name__, getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs (AutoModelForCausalLM).")
-    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        raise ValueError(
+            f"{cls} is an encoder-decoder model; memory wraps decoder-only causal LMs (AutoModelForCausalLM)."
+        )
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type or "")
     non_causal = {*MODEL_FOR_MASKED_LM_MAPPING_NAMES.values(), *MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.values()}
     if cls in non_causal and cls not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         hint = f" ({model_type}'s causal LM is {causal}, with is_decoder=True)" if causal else ""
-        raise ValueError(f"{cls} is not a causal LM: its tokens attend to later tokens, so memory would leak the future{hint}.")
+        raise ValueError(
+            f"{cls} is not a causal LM: its tokens attend to later tokens, so memory would leak the future{hint}."
+        )
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
         raise ValueError(
-            f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens would "
-            "see later tokens. Build it with is_decoder=True to use it as a causal LM."
+            f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens "
+            "would see later tokens. Build it with is_decoder=True to use it as a causal LM."
         )

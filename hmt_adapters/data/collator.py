@@ -47,13 +47,15 @@ class WindowCollator:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an integer >= 1, got {value!r}.")
         if self.loss_segments is not None and self.segment_length is None:
-            raise ValueError(f"`loss_segments={self.loss_segments}` needs `segment_length` (the model's segment "
-                             "length).")
+            raise ValueError(
+                f"`loss_segments={self.loss_segments}` needs `segment_length` (the model's segment length)."
+            )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ids = [self._row_ids(n, row) for n, row in enumerate(rows)]
-        labels = [torch.as_tensor(row["labels"], dtype=torch.long) if "labels" in row else i
-                  for row, i in zip(rows, ids)]
+        labels = [
+            torch.as_tensor(row["labels"], dtype=torch.long) if "labels" in row else i for row, i in zip(rows, ids)
+        ]
         masks = [self._row_mask(n, row, i) for n, (row, i) in enumerate(zip(rows, ids))]
         for n, (i, lab) in enumerate(zip(ids, labels)):
             if lab.shape != i.shape:

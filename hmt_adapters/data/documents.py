@@ -17,8 +17,9 @@ def _local_files(source: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     if not isinstance(source, (str, os.PathLike)):  # a list of files
         paths = [os.fspath(p) for p in source]
     elif os.path.isdir(source):
-        paths = sorted(os.path.join(source, f)
-                       for f in os.listdir(source) if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES))
+        paths = sorted(
+            os.path.join(source, f) for f in os.listdir(source) if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES)
+        )
         if not paths:
             raise ValueError(f"The folder {os.fspath(source)!r} holds no {TEXT_SUFFIXES + JSON_SUFFIXES} files.")
     elif os.path.exists(source) or os.path.splitext(os.fspath(source))[1] in TEXT_SUFFIXES + JSON_SUFFIXES:

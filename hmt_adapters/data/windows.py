@@ -42,8 +42,10 @@ def tokenize_documents(
 
 def _check_window_args(segment_length: int, n_segments: int, min_segments: int, stride: int) -> None:
     for name, value in (
-        ("segment_length", segment_length), ("n_segments", n_segments), ("min_segments", min_segments),
-        ("stride", stride)
+        ("segment_length", segment_length),
+        ("n_segments", n_segments),
+        ("min_segments", min_segments),
+        ("stride", stride),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
@@ -96,8 +98,9 @@ def make_windows(
             spans = _window_spans(len(flat), window, stride)
             pieces = [(indices[bisect.bisect_right(ends, s)], flat[s:e]) for s, e in spans]
         else:
-            pieces = [(i, ids[s:e]) for i, ids in zip(indices, docs)
-                      for s, e in _window_spans(len(ids), window, stride)]
+            pieces = [
+                (i, ids[s:e]) for i, ids in zip(indices, docs) for s, e in _window_spans(len(ids), window, stride)
+            ]
         kept = [(i, w) for i, w in pieces if len(w) >= shortest]
         return {"input_ids": [w for _, w in kept], "document": [i for i, _ in kept]}
 
@@ -113,8 +116,9 @@ def make_windows(
             f"No window of at least {min_segments} x {segment_length} tokens: every document is shorter "
             f"(longest has {max((len(r) for r in tokenized['input_ids']), default=0)} tokens)."
         )
-    logger.info("%d documents -> %d windows of up to %d tokens, stride %d", len(tokenized), len(windows), window,
-                stride)
+    logger.info(
+        "%d documents -> %d windows of up to %d tokens, stride %d", len(tokenized), len(windows), window, stride
+    )
     return windows
 
 
@@ -142,6 +146,10 @@ def depth_summary(windows: Dataset, segment_length: int, n_segments: int) -> Dep
     if not depths:
         raise ValueError("No windows to summarise.")
     return DepthSummary(
-        n_segments, len(depths), min(depths), statistics.median(depths), max(depths),
-        sum(d < n_segments for d in depths)
+        n_segments,
+        len(depths),
+        min(depths),
+        statistics.median(depths),
+        max(depths),
+        sum(d < n_segments for d in depths),
     )

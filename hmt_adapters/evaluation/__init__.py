@@ -10,7 +10,21 @@ from .shared_prefix import SharedPrefixes
 from .tasks import TASKS, make_samples
 
 __all__ = [
-    "HAYSTACKS", "Haystack", "Insert", "METRICS", "Reader", "Sample", "TASKS", "accuracy_table", "answer_rows",
-    "SharedPrefixes", "book_nll", "book_perplexity", "build_sample", "load_haystack", "make_samples",
-    "retrieval_recall", "score",
+    "HAYSTACKS",
+    "Haystack",
+    "Insert",
+    "METRICS",
+    "Reader",
+    "Sample",
+    "TASKS",
+    "accuracy_table",
+    "answer_rows",
+    "SharedPrefixes",
+    "book_nll",
+    "book_perplexity",
+    "build_sample",
+    "load_haystack",
+    "make_samples",
+    "retrieval_recall",
+    "score",
 ]

@@ -34,7 +34,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ..backbones.pretrained import load_backbone
 from ..model import MemoryModel
@@ -52,11 +52,21 @@ class MemoryLM(HFLM):
     (`"smollm2"` or a path) plus `adapter` = a saved memory adapter folder; `memory=False` evaluates the same model
     with each segment read alone (`MemoryModel.disable_memory`, the same-window baseline)."""
 
-    def __init__(self, pretrained: MemoryModel | str, adapter: str | None = None, memory: bool = True,
-                 tokenizer: Any = None, max_length: int | None = None, device: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        pretrained: MemoryModel | str,
+        adapter: str | None = None,
+        memory: bool = True,
+        tokenizer: Any = None,
+        max_length: int | None = None,
+        device: str | None = None,
+        **kwargs: Any,
+    ):
         if isinstance(pretrained, str):
             if adapter is None:
-                raise ValueError("`adapter` (a saved memory adapter folder) is required when `pretrained` is a backbone name.")
+                raise ValueError(
+                    "`adapter` (a saved memory adapter folder) is required when `pretrained` is a backbone name."
+                )
             base, loaded = load_backbone(pretrained)
             pretrained = MemoryModel.from_pretrained(base, adapter)
             tokenizer = tokenizer or loaded
@@ -67,7 +77,7 @@ class MemoryLM(HFLM):
         if tokenizer is None:
             raise ValueError("Pass the backbone's `tokenizer` with a MemoryModel instance.")
         if device is not None:
-            pretrained.to(device)
+            torch.nn.Module.to(pretrained, device)  # (transformers' typed `to` wrapper misreads the bound call)
         pretrained.eval()
         if not isinstance(memory, bool):
             raise ValueError(
@@ -117,8 +127,9 @@ def task_dataset(data_file: str, **_: Any) -> Any:
     return datasets.load_dataset("json", data_files={"test": data_file})
 
 
-HOOKS = '''"""lm-eval hooks of the tasks in this folder (written by hmt_adapters.evaluation.harness.write_lm_eval_tasks).
-Data files are named relative to this folder, so it can be moved or shared."""
+HOOKS = '''"""lm-eval hooks of the tasks in this folder (written by
+hmt_adapters.evaluation.harness.write_lm_eval_tasks). Data files are named relative to this folder, so it can be
+moved or shared."""
 
 import os
 
@@ -139,8 +150,12 @@ def _yaml(name: str, data_file: str, body: str) -> str:
     )
 
 
-def write_lm_eval_tasks(folder: str, samples: Mapping[str, Sequence[Sample]], tokenizer: PreTrainedTokenizerBase,
-                        books: Mapping[str, Sequence[str]] | None = None) -> str:
+def write_lm_eval_tasks(
+    folder: str,
+    samples: Mapping[str, Sequence[Sample]],
+    tokenizer: PreTrainedTokenizerBase,
+    books: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """Write lm-eval tasks `hmt_<name>` into `folder` (a YAML and a JSONL file each, plus the scoring hook) and return
     `folder` for `TaskManager(include_path=...)`. The YAMLs name their data files relative to `folder` (no absolute
     paths), so the folder can be moved or shared.
@@ -157,7 +172,10 @@ def write_lm_eval_tasks(folder: str, samples: Mapping[str, Sequence[Sample]], to
         data = os.path.join(folder, f"{name}.jsonl")
         with open(data, "w") as fh:
             for s in group:
-                fh.write(json.dumps({"input": tokenizer.decode(s.input_ids), **s.record(), "metric": s.extra["metric"]}) + "\n")
+                fh.write(
+                    json.dumps({"input": tokenizer.decode(s.input_ids), **s.record(), "metric": s.extra["metric"]})
+                    + "\n"
+                )
         max_new = max(s.extra["max_new_tokens"] for s in group)
         body = (
             'output_type: generate_until\ndoc_to_text: "{{input}}"\ndoc_to_target: "{{answers[0]}}"\n'

@@ -21,8 +21,14 @@ def record_key(row: dict[str, Any]) -> tuple:
     if missing:
         raise ValueError(f"A result record needs the fields {list(KEY_FIELDS)}; missing {missing}.")
     depth = row["depth"]
-    return (row["reader"], row["task"], row["haystack"], int(row["length"]),
-            None if depth is None else round(float(depth), 6), int(row["seed"]))
+    return (
+        row["reader"],
+        row["task"],
+        row["haystack"],
+        int(row["length"]),
+        None if depth is None else round(float(depth), 6),
+        int(row["seed"]),
+    )
 
 
 def load_records(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -82,7 +88,10 @@ def cell_table(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[int, 
             for length, values in by_length.items():
                 low, high = wilson_interval(sum(values), len(values))
                 out.setdefault(task, {}).setdefault(reader, {})[length] = {
-                    "accuracy": sum(values) / len(values), "samples": len(values), "low": low, "high": high,
+                    "accuracy": sum(values) / len(values),
+                    "samples": len(values),
+                    "low": low,
+                    "high": high,
                     "depths": len(depths[(task, reader, length)]),
                 }
     return out
@@ -99,8 +108,12 @@ def markdown_tables(rows: Sequence[dict[str, Any]]) -> str:
     for task, by_reader in table.items():
         lengths = sorted({c for v in by_reader.values() for c in v})
         header = "| reader | " + " | ".join(f"{c // 1024}k" for c in lengths) + " |"
-        lines += [f"**{task}** (accuracy, samples n, 95% Wilson interval)", "", header,
-                  "|---" * (len(lengths) + 1) + "|"]
+        lines += [
+            f"**{task}** (accuracy, samples n, 95% Wilson interval)",
+            "",
+            header,
+            "|---" * (len(lengths) + 1) + "|",
+        ]
         for reader, cells in sorted(by_reader.items()):
             row = " | ".join(_cell(cells[c]) if c in cells else "-" for c in lengths)
             lines.append(f"| `{reader}` | {row} |")

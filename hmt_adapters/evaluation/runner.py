@@ -25,7 +25,7 @@ class Reader:
     `window=None`, all of it (full attention), on prompts of at most `max_length` tokens."""
 
     name: str
-    model: torch.nn.Module
+    model: Any  # a MemoryModel or a causal LM: a torch module with `generate`
     window: int | None = None
     max_length: int | None = None
 
@@ -42,17 +42,25 @@ class Reader:
     def generate(self, ids: Sequence[int], max_new_tokens: int, pad_token_id: int) -> list[int]:
         """Greedy continuation of `ids` (`max_new_tokens` tokens)."""
         if not self.fits(len(ids)):
-            raise ValueError(f"Reader '{self.name}' runs on prompts of at most {self.max_length} tokens, got {len(ids)}.")
+            raise ValueError(
+                f"Reader '{self.name}' runs on prompts of at most {self.max_length} tokens, got {len(ids)}."
+            )
         kept = list(ids)[-self.window :] if self.window is not None else list(ids)
         device = next(self.model.parameters()).device
         prompt = torch.tensor([kept], device=device)
-        out = self.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                                  do_sample=False, pad_token_id=pad_token_id)
+        out = self.model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_token_id,
+        )
         return out[0, prompt.shape[1] :].tolist()
 
 
-def answer_rows(readers: Sequence[Reader], samples: Sequence[Sample], tokenizer: PreTrainedTokenizerBase,
-                progress: bool = True) -> list[dict[str, Any]]:
+def answer_rows(
+    readers: Sequence[Reader], samples: Sequence[Sample], tokenizer: PreTrainedTokenizerBase, progress: bool = True
+) -> list[dict[str, Any]]:
     """One row per (reader, sample): the sample's record, the prediction, its score and the seconds it took; a reader
     whose `max_length` a sample exceeds gets a row with `score: None` and the reason."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -68,9 +76,15 @@ def answer_rows(readers: Sequence[Reader], samples: Sequence[Sample], tokenizer:
                 continue
             start = time.perf_counter()
             new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
-            prediction = tokenizer.decode(new, skip_special_tokens=True)
-            rows.append({**row, "prediction": prediction, "score": score(sample.extra["metric"], prediction, sample.answers),
-                         "seconds": time.perf_counter() - start})
+            prediction = str(tokenizer.decode(new, skip_special_tokens=True))
+            rows.append(
+                {
+                    **row,
+                    "prediction": prediction,
+                    "score": score(sample.extra["metric"], prediction, sample.answers),
+                    "seconds": time.perf_counter() - start,
+                }
+            )
             bar.update()
     bar.close()
     return rows
@@ -85,7 +99,7 @@ def retrieval_recall(model: torch.nn.Module, sample: Sample) -> dict[str, Any] |
     (the needle's block not retrieved) or the reader's (retrieved, answered wrong)."""
     method = getattr(model, "memory", None)
     trace = getattr(method, "trace", None)
-    if not trace:
+    if method is None or not trace:
         return None
     # the needles that hold an answer (a multi-key prompt's distractors need not be read); all of them otherwise
     holding = [i for i in sample.inserts if any(answer in i.text for answer in sample.answers)] or sample.inserts
@@ -106,14 +120,20 @@ def accuracy_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[s
     for row in rows:
         if row["score"] is not None:
             scores[row["task"]][row["reader"]][str(row["length"])].append(row["score"])
-    return {task: {reader: {length: {"accuracy": sum(v) / len(v), "samples": len(v)} for length, v in by_length.items()}
-                   for reader, by_length in by_reader.items()} for task, by_reader in scores.items()}
+    return {
+        task: {
+            reader: {length: {"accuracy": sum(v) / len(v), "samples": len(v)} for length, v in by_length.items()}
+            for reader, by_length in by_reader.items()
+        }
+        for task, by_reader in scores.items()
+    }
 
 
 @torch.no_grad()
 def book_nll(reader: Reader, ids: torch.Tensor, stride: int | None = None) -> torch.Tensor:
     """Next-token NLL `[T - 1]` of a document as `reader` sees it: through memory (streamed segment by segment), a
-    sliding window of `reader.window` tokens (windows end every `stride`, default half the window), or full attention."""
+    sliding window of `reader.window` tokens (windows end every `stride`, default half the window), or full
+    attention."""
     if not reader.fits(ids.numel()):
         raise ValueError(f"Reader '{reader.name}' runs on at most {reader.max_length} tokens, got {ids.numel()}.")
     if isinstance(reader.model, MemoryModel):
@@ -122,8 +142,9 @@ def book_nll(reader: Reader, ids: torch.Tensor, stride: int | None = None) -> to
     return sliding_window_nll(reader.model, ids, window, stride or max(1, window // 2))
 
 
-def book_perplexity(reader: Reader, documents: Sequence[torch.Tensor], lengths: Sequence[int],
-                    stride: int | None = None) -> dict[str, dict[str, float]]:
+def book_perplexity(
+    reader: Reader, documents: Sequence[torch.Tensor], lengths: Sequence[int], stride: int | None = None
+) -> dict[str, dict[str, float]]:
     """Perplexity against position (see `perplexity_by_length`), per-token NLL pooled over `documents` (cut to the
     shortest)."""
     nll = [book_nll(reader, d, stride) for d in documents]

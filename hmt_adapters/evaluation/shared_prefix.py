@@ -76,6 +76,12 @@ class SharedPrefixes:
             _, state = self.model.step(ids, state, return_logits=False)
             self.states[(j, point)], start = state, point
         ids = torch.tensor([prompt[start:]], device=device)
-        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), memory_state=state,
-                                  max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_token_id)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            memory_state=state,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_token_id,
+        )
         return out[0, ids.shape[1] :].tolist()

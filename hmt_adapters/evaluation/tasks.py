@@ -25,14 +25,74 @@ from .haystack import load_haystack
 from .samples import Insert, Sample, build_sample
 
 ADJECTIVES = (
-    "ancient", "bitter", "brave", "calm", "clever", "crimson", "curious", "dusty", "eager", "fancy", "gentle",
-    "golden", "hollow", "humble", "icy", "jolly", "lively", "lucky", "misty", "noble", "odd", "pale", "proud",
-    "quiet", "rapid", "rusty", "shy", "silent", "sleepy", "steady", "swift", "tidy", "velvet", "wary", "wild",
+    "ancient",
+    "bitter",
+    "brave",
+    "calm",
+    "clever",
+    "crimson",
+    "curious",
+    "dusty",
+    "eager",
+    "fancy",
+    "gentle",
+    "golden",
+    "hollow",
+    "humble",
+    "icy",
+    "jolly",
+    "lively",
+    "lucky",
+    "misty",
+    "noble",
+    "odd",
+    "pale",
+    "proud",
+    "quiet",
+    "rapid",
+    "rusty",
+    "shy",
+    "silent",
+    "sleepy",
+    "steady",
+    "swift",
+    "tidy",
+    "velvet",
+    "wary",
+    "wild",
 )
 NOUNS = (
-    "anchor", "badger", "banjo", "beacon", "canyon", "castle", "comet", "cricket", "falcon", "feather", "glacier",
-    "harbor", "island", "kettle", "lantern", "meadow", "monsoon", "orchard", "otter", "pebble", "pepper", "quarry",
-    "raven", "saddle", "tractor", "trumpet", "tunnel", "violin", "walrus", "willow", "zephyr",
+    "anchor",
+    "badger",
+    "banjo",
+    "beacon",
+    "canyon",
+    "castle",
+    "comet",
+    "cricket",
+    "falcon",
+    "feather",
+    "glacier",
+    "harbor",
+    "island",
+    "kettle",
+    "lantern",
+    "meadow",
+    "monsoon",
+    "orchard",
+    "otter",
+    "pebble",
+    "pepper",
+    "quarry",
+    "raven",
+    "saddle",
+    "tractor",
+    "trumpet",
+    "tunnel",
+    "violin",
+    "walrus",
+    "willow",
+    "zephyr",
 )
 PERSONS = ("Mary", "John", "Daniel", "Sandra")
 LOCATIONS = ("bathroom", "bedroom", "garden", "hallway", "kitchen", "office")
@@ -60,7 +120,8 @@ QA_HEAD = (
 
 
 def _unique(draw: Callable[[], str], text: str, taken: set[str]) -> str:
-    """A fresh `draw()` that occurs nowhere in the haystack `text` and is not `taken` (so it appears only where placed)."""
+    """A fresh `draw()` that occurs nowhere in the haystack `text` and is not `taken` (so it appears only where
+    placed)."""
     for _ in range(1000):
         value = draw()
         if value not in taken and value not in text:
@@ -77,14 +138,31 @@ def _depths(count: int, rng: random.Random, depth: float | None) -> list[float]:
     return sorted(rng.random() for _ in range(count))
 
 
-def passkey(tokenizer: PreTrainedTokenizerBase, length: int, *, seed: int = 0, depth: float | None = None,
-            haystack: str = "essays") -> Sample:
+def passkey(
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    seed: int = 0,
+    depth: float | None = None,
+    haystack: str = "essays",
+) -> Sample:
     """Passkey retrieval: "The pass key is 12345. Remember it." at `depth` (random if None), asked at the end."""
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
     key = _unique(lambda: str(rng.randint(10000, 99999)), hay.text, set())
-    needle = Insert(f"The pass key is {key}. Remember it.", *_depths(1, rng, depth))
-    return build_sample(tokenizer, hay, length, PASSKEY_HEAD, [needle], "\nWhat is the pass key? The pass key is", rng,
-                        task="passkey", answers=[key], query="pass key", extra={"metric": "first_number", "max_new_tokens": 8})
+    needle = Insert(f"The pass key is {key}. Remember it.", _depths(1, rng, depth)[0])
+    return build_sample(
+        tokenizer,
+        hay,
+        length,
+        PASSKEY_HEAD,
+        [needle],
+        "\nWhat is the pass key? The pass key is",
+        rng,
+        task="passkey",
+        answers=[key],
+        query="pass key",
+        extra={"metric": "first_number", "max_new_tokens": 8},
+    )
 
 
 LANDMARK_PASSKEY_HEAD = (
@@ -93,43 +171,84 @@ LANDMARK_PASSKEY_HEAD = (
 )
 
 
-def passkey_standard(tokenizer: PreTrainedTokenizerBase, length: int, *, seed: int = 0, depth: float | None = None,
-                     haystack: str = "repeat") -> Sample:
+def passkey_standard(
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    seed: int = 0,
+    depth: float | None = None,
+    haystack: str = "repeat",
+) -> Sample:
     """The passkey in Landmark Attention's `run_test.py` form (Mohtashami & Jaggi 2023; InfLLM's passkey): the
     repeated noise haystack, "The pass key is X. Remember it. X is the pass key." with X in 1..50000, and the
     question "What is the pass key? The pass key is"."""
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
     key = _unique(lambda: str(rng.randint(1, 50000)), hay.text, set())
-    needle = Insert(f"The pass key is {key}. Remember it. {key} is the pass key.", *_depths(1, rng, depth))
-    return build_sample(tokenizer, hay, length, LANDMARK_PASSKEY_HEAD, [needle],
-                        "\nWhat is the pass key? The pass key is", rng, task="passkey_standard", answers=[key],
-                        query="pass key", extra={"metric": "first_number", "max_new_tokens": 8})
+    needle = Insert(f"The pass key is {key}. Remember it. {key} is the pass key.", _depths(1, rng, depth)[0])
+    return build_sample(
+        tokenizer,
+        hay,
+        length,
+        LANDMARK_PASSKEY_HEAD,
+        [needle],
+        "\nWhat is the pass key? The pass key is",
+        rng,
+        task="passkey_standard",
+        answers=[key],
+        query="pass key",
+        extra={"metric": "first_number", "max_new_tokens": 8},
+    )
 
 
-def niah(tokenizer: PreTrainedTokenizerBase, length: int, *, num_keys: int = 1, num_values: int = 1, seed: int = 0,
-         depth: float | None = None, haystack: str = "essays", task: str = "niah") -> Sample:
+def niah(
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    num_keys: int = 1,
+    num_values: int = 1,
+    seed: int = 0,
+    depth: float | None = None,
+    haystack: str = "essays",
+    task: str = "niah",
+) -> Sample:
     """RULER needle-in-a-haystack: `num_keys` keys with `num_values` values each; one key is asked for, all its values
     are the answer (RULER's `string_match_all`)."""
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
     taken: set[str] = set()
     keys = [_unique(lambda: f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}", hay.text, taken) for _ in range(num_keys)]
-    values = [[_unique(lambda: str(rng.randint(10**6, 10**7 - 1)), hay.text, taken) for _ in range(num_values)]
-              for _ in keys]
+    values = [
+        [_unique(lambda: str(rng.randint(10**6, 10**7 - 1)), hay.text, taken) for _ in range(num_values)] for _ in keys
+    ]
     texts = [RULER_NEEDLE.format(key=k, value=v) for k, vs in zip(keys, values) for v in vs]
     rng.shuffle(texts)
     needles = [Insert(t, d) for t, d in zip(texts, _depths(len(texts), rng, depth))]
     query = rng.choice(keys)
     answers = values[keys.index(query)]
     if len(answers) == 1:
-        tail = (f"\nWhat is the special magic number for {query} mentioned in the provided text? "
-                f"The special magic number for {query} mentioned in the provided text is")
+        tail = (
+            f"\nWhat is the special magic number for {query} mentioned in the provided text? "
+            f"The special magic number for {query} mentioned in the provided text is"
+        )
         head = RULER_NIAH_HEAD.replace("Some special magic numbers are", "A special magic number is")
     else:
-        tail = (f"\nWhat are all the special magic numbers for {query} mentioned in the provided text? "
-                f"The special magic numbers for {query} mentioned in the provided text are")
+        tail = (
+            f"\nWhat are all the special magic numbers for {query} mentioned in the provided text? "
+            f"The special magic numbers for {query} mentioned in the provided text are"
+        )
         head = RULER_NIAH_HEAD
-    return build_sample(tokenizer, hay, length, head, needles, tail, rng, task=task, answers=answers, query=query,
-                        extra={"metric": "all_contained", "max_new_tokens": 12 * len(answers)})
+    return build_sample(
+        tokenizer,
+        hay,
+        length,
+        head,
+        needles,
+        tail,
+        rng,
+        task=task,
+        answers=answers,
+        query=query,
+        extra={"metric": "all_contained", "max_new_tokens": 12 * len(answers)},
+    )
 
 
 def niah_single(tokenizer: PreTrainedTokenizerBase, length: int, **kw) -> Sample:
@@ -152,21 +271,41 @@ def niah_multivalue(tokenizer: PreTrainedTokenizerBase, length: int, **kw) -> Sa
     return niah(tokenizer, length, num_values=4, task="niah_multivalue", **kw)
 
 
-def variable_tracking(tokenizer: PreTrainedTokenizerBase, length: int, *, seed: int = 0, hops: int = 4,
-                      haystack: str = "essays", depth: float | None = None) -> Sample:
+def variable_tracking(
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    seed: int = 0,
+    hops: int = 4,
+    haystack: str = "essays",
+    depth: float | None = None,
+) -> Sample:
     """RULER variable tracking: `VAR A = 12345`, then `hops` assignments `VAR B = VAR A` spread in order through the
     filler; the answer is every variable holding the value."""
     if depth is not None:
         raise ValueError("variable_tracking spreads its chain at random depths; `depth` must be None.")
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
     taken: set[str] = set()
-    names = [_unique(lambda: "".join(rng.choices(string.ascii_uppercase, k=5)), hay.text, taken) for _ in range(hops + 1)]
+    names = [
+        _unique(lambda: "".join(rng.choices(string.ascii_uppercase, k=5)), hay.text, taken) for _ in range(hops + 1)
+    ]
     value = _unique(lambda: str(rng.randint(10000, 99999)), hay.text, taken)
     chain = [f"VAR {names[0]} = {value}."] + [f"VAR {names[i + 1]} = VAR {names[i]}." for i in range(hops)]
     inserts = [Insert(t, d) for t, d in zip(chain, _depths(len(chain), rng, None))]
     tail = RULER_VT_TAIL.format(query=value, count=len(names))
-    return build_sample(tokenizer, hay, length, RULER_VT_HEAD, inserts, tail, rng, task="variable_tracking",
-                        answers=names, query=value, extra={"metric": "all_contained", "max_new_tokens": 30})
+    return build_sample(
+        tokenizer,
+        hay,
+        length,
+        RULER_VT_HEAD,
+        inserts,
+        tail,
+        rng,
+        task="variable_tracking",
+        answers=names,
+        query=value,
+        extra={"metric": "all_contained", "max_new_tokens": 30},
+    )
 
 
 def _qa_story(kind: int, rng: random.Random, num_facts: int) -> tuple[list[str], str, str, list[int], str]:
@@ -175,7 +314,11 @@ def _qa_story(kind: int, rng: random.Random, num_facts: int) -> tuple[list[str],
     qa1: where is a person (their last move); qa2: where is an object (where its holder last went);
     qa3: where was an object before its last place (three supporting facts)."""
     for _ in range(1000):
-        facts, place, holder, trail, support = [], {}, {}, {o: [] for o in OBJECTS}, {}
+        facts: list[str] = []
+        place: dict[str, str] = {}
+        holder: dict[str, str] = {}
+        trail: dict[str, list[tuple[str, int]]] = {o: [] for o in OBJECTS}  # (place, supporting fact)
+        support: dict[str, list[int]] = {}
         for _ in range(num_facts):
             person = rng.choice(PERSONS)
             free = [o for o in OBJECTS if o not in holder]
@@ -201,17 +344,35 @@ def _qa_story(kind: int, rng: random.Random, num_facts: int) -> tuple[list[str],
             obj = rng.choice(sorted(held))
             person = holder[obj]
             if kind == 2:
-                return (facts, f"Where is the {obj}?", place[person], support[obj] + support[person],
-                        f"The {obj} is in the")
+                return (
+                    facts,
+                    f"Where is the {obj}?",
+                    place[person],
+                    support[obj] + support[person],
+                    f"The {obj} is in the",
+                )
             (before, i), (last, j) = trail[obj][-2], trail[obj][-1]
             if before != last:
-                return (facts, f"Where was the {obj} before the {last}?", before, sorted({support[obj][0], i, j}),
-                        f"Before the {last}, the {obj} was in the")
+                return (
+                    facts,
+                    f"Where was the {obj} before the {last}?",
+                    before,
+                    sorted({support[obj][0], i, j}),
+                    f"Before the {last}, the {obj} was in the",
+                )
     raise RuntimeError(f"Could not draw a qa{kind} story of {num_facts} facts.")
 
 
-def qa(tokenizer: PreTrainedTokenizerBase, length: int, *, kind: int = 1, num_facts: int = 8, seed: int = 0,
-       haystack: str = "kjv", depth: float | None = None) -> Sample:
+def qa(
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    kind: int = 1,
+    num_facts: int = 8,
+    seed: int = 0,
+    haystack: str = "kjv",
+    depth: float | None = None,
+) -> Sample:
     """BABILong-style qa1/qa2/qa3: the facts of one bAbI story spread in order through book text, question at the end;
     correct when the first generated word is the answer."""
     if kind not in (1, 2, 3):
@@ -222,8 +383,19 @@ def qa(tokenizer: PreTrainedTokenizerBase, length: int, *, kind: int = 1, num_fa
     facts, question, answer, support, prefix = _qa_story(kind, rng, num_facts)
     inserts = [Insert(f, d) for f, d in zip(facts, _depths(len(facts), rng, None))]
     tail = f"\nQuestion: {question} Answer: {prefix}"
-    return build_sample(tokenizer, hay, length, QA_HEAD, inserts, tail, rng, task=f"qa{kind}", answers=[answer],
-                        query=question, extra={"metric": "first_word", "max_new_tokens": 4, "supporting_facts": support})
+    return build_sample(
+        tokenizer,
+        hay,
+        length,
+        QA_HEAD,
+        inserts,
+        tail,
+        rng,
+        task=f"qa{kind}",
+        answers=[answer],
+        query=question,
+        extra={"metric": "first_word", "max_new_tokens": 4, "supporting_facts": support},
+    )
 
 
 TASKS: dict[str, Callable[..., Sample]] = {
@@ -243,8 +415,16 @@ TASKS: dict[str, Callable[..., Sample]] = {
 SINGLE_NEEDLE_TASKS = ("passkey", "passkey_standard", "niah_single", "niah_single_noise")
 
 
-def make_samples(task: str, tokenizer: PreTrainedTokenizerBase, length: int, count: int, *, seed: int = 0,
-                 haystack: str | None = None, spread_depth: bool = True) -> list[Sample]:
+def make_samples(
+    task: str,
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    count: int,
+    *,
+    seed: int = 0,
+    haystack: str | None = None,
+    spread_depth: bool = True,
+) -> list[Sample]:
     """`count` samples of `task` at `length` tokens (seeds `seed..seed+count-1`). Single-needle tasks spread their
     needle evenly over depths 0..1 across the samples when `spread_depth`."""
     if task not in TASKS:

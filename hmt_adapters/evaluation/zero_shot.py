@@ -1,5 +1,5 @@
 """Zero-shot memory readers: the bare backbone wrapped with a memory method and no training, so every method gets a
-row in the long-context tables even where no adapter was trained for it (issue 16).
+row in the long-context tables even where no adapter was trained for it (docs/benchmarks.md).
 
 The attention-level methods read the backbone's own keys/values and can retrieve without training; the input-level
 ones (and every learned part of the others) start from their untrained initialisation, which `ZERO_SHOT_NOTES`
@@ -26,28 +26,29 @@ MEMORY_SIZES = ("preset", "cover")
 # What an untrained instance of each method does to the backbone (from each method's __init__ and config defaults).
 ZERO_SHOT_NOTES = {
     "transformer_xl": "no trainable parameters: every layer joins the stored past keys/values to its own "
-                      "(one softmax, true RoPE distances)",
+    "(one softmax, true RoPE distances)",
     "memorizing_transformer": "no trainable parameters (combine='joint', no gate): the middle and last layer read the "
-                              "top 32 stored keys by q.k, at position 0",
+    "top 32 stored keys by q.k, at position 0",
     "trams": "no trainable parameters: every layer attends to a query-independent selection from the pool (newest 3/4 "
-             "kept, the rest by the key-norm metric)",
+    "kept, the rest by the key-norm metric)",
     "unimix": "window + 4 global + top-4 stored keys in the upper half (no trainable parameters there), plus 40 RMT "
-              "memory tokens at the input that start as random embeddings and carry untrained hidden states",
+    "memory tokens at the input that start as random embeddings and carry untrained hidden states",
     "elastic": "no trainable parameters: the layer at 3/4 depth reads 540 HiPPO-LegS reconstructions of all past "
-               "pre-RoPE keys/values",
+    "pre-RoPE keys/values",
     "melodi": "untrained: 64 random summary embeddings per segment (identity mixers), long-term store of 32 "
-              "average-pooled middle-layer states per segment read through a gate at sigmoid = 0.1",
+    "average-pooled middle-layer states per segment read through a gate at sigmoid = 0.1",
     "infllm": "no trainable parameters (training-free by design, InfLLM): every layer reads 128 sinks, the local "
-              "window and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance",
+    "window and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance",
     "rmt": "untrained: one random memory embedding, then the last layer's output fed back as an input embedding; "
-           "nothing in it was trained to hold a fact, so in effect a one-segment window",
+    "nothing in it was trained to hold a fact, so in effect a one-segment window",
     "hmt": "untrained: random memory/summary embeddings and random retrieval projections; the memory embedding is an "
-           "untrained last-layer state, so in effect a window of one segment + 32 sensory tokens",
+    "untrained last-layer state, so in effect a window of one segment + 32 sensory tokens",
 }
 
 
-def zero_shot_fields(method: str, segment_length: int = SEGMENT_LENGTH, memory: str = "preset",
-                     cover: int | None = None) -> dict[str, Any]:
+def zero_shot_fields(
+    method: str, segment_length: int = SEGMENT_LENGTH, memory: str = "preset", cover: int | None = None
+) -> dict[str, Any]:
     """Config fields of `method`'s zero-shot reader: `segment_length`, and with `memory='cover'` a store sized to
     hold `cover` past tokens (K/V methods: `memory_size`; HMT/MELODI: enough cached segments); `'preset'` keeps
     the method's defaults. Elastic (HiPPO over all history) and RMT have no store size."""
@@ -96,9 +97,13 @@ def memory_policies(words: list[str], methods: list[str]) -> dict[str, str]:
     return {m: per_method.get(m, default) for m in methods}
 
 
-def zero_shot_readers(base: nn.Module, methods: list[str], segment_length: int = SEGMENT_LENGTH,
-                      memory: str | dict[str, str] = "preset", cover: int | None = None
-                      ) -> tuple[list[Reader], dict[str, Any]]:
+def zero_shot_readers(
+    base: nn.Module,
+    methods: list[str],
+    segment_length: int = SEGMENT_LENGTH,
+    memory: str | dict[str, str] = "preset",
+    cover: int | None = None,
+) -> tuple[list[Reader], dict[str, Any]]:
     """One `Reader` named `<method> (zero-shot)` per method (`memory`: one store policy for all, or one per method),
     and what each one ran (config, store policy, untrained parts) for the results; refuses an unknown method name,
     naming the registered ones, before building any."""
@@ -112,6 +117,10 @@ def zero_shot_readers(base: nn.Module, methods: list[str], segment_length: int =
         name = f"{method} (zero-shot)"
         readers.append(Reader(name, model))
         config: MemoryConfig = model.memory_config
-        info[name] = {"method": method, "memory": policies[method], "config": config.to_dict(),
-                      "untrained": ZERO_SHOT_NOTES[method]}
+        info[name] = {
+            "method": method,
+            "memory": policies[method],
+            "config": config.to_dict(),
+            "untrained": ZERO_SHOT_NOTES[method],
+        }
     return readers, info

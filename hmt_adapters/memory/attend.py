@@ -1,4 +1,4 @@
-"""Attention over `[memory ; local]` keys: UniMem's injection step (spec unimem.md §9.5).
+"""Attention over `[memory ; local]` keys: UniMem's memory injection (Fang et al. 2024, its fourth dimension).
 
 A reader hands the layer a `MemoryRead`: entries shared by all queries of the segment (`k`, `v`, `visible`) and,
 for similarity reading, entries retrieved per query (`pq_*`). `attend_memory` runs them with the local keys in one
@@ -92,7 +92,7 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
     if shared_only and call.impl != "eager" and q_len > 1 and not softcap:  # memory per query head (TRAMS under GQA)
         out = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
-    else:  # eager, gated, retrieved per query, soft-capped or one decoded token: explicit, nothing concatenated but logits
+    else:  # eager, gated, retrieved per query, soft-capped or one decoded token: explicit, only logits concatenated
         out = joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate, softcap)
     return out.transpose(1, 2).contiguous(), None
 
@@ -123,7 +123,11 @@ def prefix_attention(
 
 
 def one_token_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, local_visible: torch.Tensor, read: MemoryRead,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    local_visible: torch.Tensor,
+    read: MemoryRead,
     scaling: float,
 ) -> torch.Tensor:
     """`[B, Hq, 1, D]`: one decoded token over `[read ; local]` in one softmax (fp32), by grouped dot products.
@@ -165,6 +169,7 @@ def joint_attention(
     own mask as bool `[B|1, 1|Hq, q, k]`. A query without any visible memory entry gets local attention only
     under the gate (its memory softmax would be empty).
     """
+
     def cap(logits: torch.Tensor) -> torch.Tensor:
         return logits if not softcap else torch.tanh(logits / softcap) * softcap
 
@@ -174,19 +179,20 @@ def joint_attention(
     v_parts = [read.v.to(query.dtype)]
     mem_any = mem_visible.any(-1, keepdim=True)
     if read.pq_logits is not None:
+        assert read.pq_visible is not None and read.pq_v is not None  # set together (MemoryRead)
         s_mem.insert(0, _masked(cap(read.pq_logits), read.pq_visible))
         v_parts.insert(0, read.pq_v.to(query.dtype))
         mem_any = mem_any | read.pq_visible.any(-1, keepdim=True)
 
     def weighted(probs: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
         probs = F.dropout(probs, p=dropout).to(query.dtype)
-        out, start = 0, 0
+        parts, start = [], 0
         for v in values:
             width = v.shape[-2]  # S entries ([B, H, S, D]) or K per query ([B, H, q, K, D])
             p = probs[..., start : start + width]
-            out = out + (head_mix(p, v) if v.dim() == 4 else torch.einsum("bhqk,bhqkd->bhqd", p, v))
+            parts.append(head_mix(p, v) if v.dim() == 4 else torch.einsum("bhqk,bhqkd->bhqd", p, v))
             start += width
-        return out
+        return torch.stack(parts).sum(0) if len(parts) > 1 else parts[0]
 
     if gate is None:
         probs = torch.softmax(torch.cat(s_mem + [s_loc], dim=-1), dim=-1)

@@ -136,8 +136,9 @@ class MemoryGenerationCache:
         parts = [(g.rows, g.state) for g in self.groups]
         tensors = merge_rows(parts, self.batch_size)
         first = self.groups[0].state
-        state = MemoryState(first.method, tensors, max(g.state.segments_seen for g in self.groups),
-                            extras=dict(first.extras))
+        state = MemoryState(
+            first.method, tensors, max(g.state.segments_seen for g in self.groups), extras=dict(first.extras)
+        )
         opened = [(g.rows, *g.open_tokens()) for g in self.groups]
         width = max(int(mask.sum(1).max()) if mask.numel() else 0 for _, _, mask in opened)
         if width:
@@ -289,8 +290,9 @@ class RowGroup:
         step = PREFILL_SEGMENTS * self.segment_length
         for start in range(0, ids.shape[1], step):
             end = start + step
-            self.state = self.model.runtime.run(ids[:, start:end], mask[:, start:end], None, self.state,
-                                                keep_logits=False).state
+            self.state = self.model.runtime.run(
+                ids[:, start:end], mask[:, start:end], None, self.state, keep_logits=False
+            ).state
 
     def _fold_last(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Close one full segment and return its last logits (the prediction of the next segment's first token)."""

@@ -16,8 +16,15 @@ from torch import nn
 
 MIN_OFFLOAD_BYTES = 1 << 14  # smaller saved tensors stay in place: copying them costs more than it saves
 # autograd nodes of casts and views, followed from a saved tensor back to the parameter it was made from
-_PARAM_PATH_NODES = ("ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
-                     "ExpandBackward0", "UnsafeViewBackward0")
+_PARAM_PATH_NODES = (
+    "ToCopyBackward0",
+    "TBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "ViewBackward0",
+    "ExpandBackward0",
+    "UnsafeViewBackward0",
+)
 
 
 def _storage_ptr(t: torch.Tensor) -> int:

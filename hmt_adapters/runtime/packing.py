@@ -8,7 +8,6 @@ afterwards. Padding may sit anywhere in a row (left, right, or between tokens); 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 
@@ -70,8 +69,11 @@ def shift_columns(x: torch.Tensor, start: torch.Tensor, width: int, fill: int | 
     cols = start[:, None] + torch.arange(width, device=x.device)[None, :]
     inside = (cols >= 0) & (cols < x.shape[1])
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    out = (x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))] if x.shape[1]
-           else x.new_full((x.shape[0], width, *x.shape[2:]), fill))
+    out = (
+        x[rows, cols.clamp(0, max(x.shape[1] - 1, 0))]
+        if x.shape[1]
+        else x.new_full((x.shape[0], width, *x.shape[2:]), fill)
+    )
     keep = inside.view(*inside.shape, *([1] * (x.dim() - 2)))
     return torch.where(keep, out, torch.full_like(out, fill))
 

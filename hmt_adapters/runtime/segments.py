@@ -156,7 +156,14 @@ class SegmentRuntime:
                 tensors = {k: v.detach() for k, v in tensors.items()}
             seg_targets = targets[:, s:e] if targets is not None and supervised[n] else None
             args = (
-                input_ids[:, s:e], attention_mask[:, s:e], seg_targets, tensors, index, plans[n], closes, keep_logits,
+                input_ids[:, s:e],
+                attention_mask[:, s:e],
+                seg_targets,
+                tensors,
+                index,
+                plans[n],
+                closes,
+                keep_logits,
                 keep_hidden,
             )
             if cfg.gradient_checkpointing and grad:
@@ -217,8 +224,9 @@ class SegmentRuntime:
         else:
             flat = targets.reshape(-1)
             assert logits is not None  # computed above whenever there are targets
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX,
-                                 reduction="sum")
+            ce = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX, reduction="sum"
+            )
             count = (flat != IGNORE_INDEX).sum()
         new = tensors
         if self.memory_enabled and closes:

@@ -10,8 +10,14 @@ from .packing import columns_below, shift_columns
 from .segments import IGNORE_INDEX, RunResult, SegmentRuntime
 
 
-def read_stream(runtime: SegmentRuntime, ids: torch.Tensor, counts: torch.Tensor, targets: torch.Tensor | None,
-                state: MemoryState, keep_logits: bool = True):
+def read_stream(
+    runtime: SegmentRuntime,
+    ids: torch.Tensor,
+    counts: torch.Tensor,
+    targets: torch.Tensor | None,
+    state: MemoryState,
+    keep_logits: bool = True,
+):
     """Read packed rows `[B, W]` (row i's `counts[i]` tokens first) from `state`, each row closing its own segments.
 
     Returns `(result, open_ids, open_mask)`: `result.logits` is in the packed layout (None with `keep_logits=False`:
@@ -40,14 +46,19 @@ def read_stream(runtime: SegmentRuntime, ids: torch.Tensor, counts: torch.Tensor
     if rest or not widest:  # rows' unfinished segments (or, for an all-padding batch, one empty column)
         width = max(rest, 1)
         mask = columns_below(opened, width).long()
-        part = None if targets is None else shift_columns(targets, closed * length, width, IGNORE_INDEX).masked_fill(~mask.bool(), IGNORE_INDEX)
-        second = runtime.run(shift_columns(ids, closed * length, width), mask, part, state, close_last=False,
-                             keep_logits=keep_logits)
+        part = (
+            None
+            if targets is None
+            else shift_columns(targets, closed * length, width, IGNORE_INDEX).masked_fill(~mask.bool(), IGNORE_INDEX)
+        )
+        second = runtime.run(
+            shift_columns(ids, closed * length, width), mask, part, state, close_last=False, keep_logits=keep_logits
+        )
         state, loss_sum, num_tokens = second.state, loss_sum + second.loss_sum, num_tokens + second.num_tokens
         logits.append(second.logits)
     if not keep_logits:
         return RunResult(loss_sum, num_tokens, None, state), open_ids, open_mask
-    both = torch.cat(logits, dim=1)
+    both = torch.cat([part for part in logits if part is not None], dim=1)  # every read above kept its logits
     cols = torch.arange(ids.shape[1], device=ids.device)[None, :]
     index = torch.where(cols < (closed * length)[:, None], cols, widest + cols - (closed * length)[:, None])
     rows = torch.arange(ids.shape[0], device=ids.device)[:, None]

@@ -107,7 +107,7 @@ def memory_state_dict(
     if state_dict is None:
         return {k: v.detach() for k, v in model.memory.state_dict().items()}
     prefix = checkpoint.MEMORY_PREFIX
-    return {k[len(prefix):]: v.detach() for k, v in state_dict.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v.detach() for k, v in state_dict.items() if k.startswith(prefix)}
 
 
 # ---- saving ----------------------------------------------------------------------------------------------------
@@ -116,7 +116,8 @@ def memory_state_dict(
 def _write_files(model: MemoryModel, folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
     weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
     save_file(
-        weights, os.path.join(folder, WEIGHTS_NAME),
+        weights,
+        os.path.join(folder, WEIGHTS_NAME),
         metadata={"format": "pt", "method": model.method, "hmt_adapters_file": FILE_KIND},
     )
     if is_peft(model.backbone):
@@ -130,7 +131,7 @@ def _write_files(model: MemoryModel, folder: str, state_dict: dict[str, torch.Te
         peft_state = None
         if state_dict is not None:
             prefix = f"{model.base_model_prefix}."
-            peft_state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            peft_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
         model.backbone.save_pretrained(folder, state_dict=peft_state)
         _mark_peft_config(folder)
     write_guard(folder)
@@ -333,8 +334,12 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         allowed = [*LOAD_KWARGS, *hub.DOWNLOAD_KWARGS, *fields]
-        hub.refuse_unknown("MemoryModel.from_pretrained", {k: overrides[k] for k in unknown}, allowed,
-                           f" (neither a loading option nor a field of {entry.config_cls.__name__})")
+        hub.refuse_unknown(
+            "MemoryModel.from_pretrained",
+            {k: overrides[k] for k in unknown},
+            allowed,
+            f" (neither a loading option nor a field of {entry.config_cls.__name__})",
+        )
     missing = sorted(set(fields) - set(data) - set(overrides) - set(switches))
     if missing:
         raise ValueError(
@@ -396,7 +401,10 @@ def load_tokenizer(folder: str, source: str) -> Any:
     except Exception as err:  # noqa: BLE001 - any backend's error: the model loads, the tokenizer is reported missing
         logger.warning(
             "The adapter at %r has tokenizer files that do not load (%s: %s); `model.tokenizer` is None: pass a "
-            "tokenizer yourself.", source, type(err).__name__, err,
+            "tokenizer yourself.",
+            source,
+            type(err).__name__,
+            err,
         )
         return None
 
@@ -408,8 +416,9 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
     from peft.utils import load_peft_weights
 
     if not any(os.path.isfile(os.path.join(folder, n)) for n in (LORA_WEIGHTS_NAME, LORA_BIN_NAME)):
-        raise FileNotFoundError(f"{folder} has {LORA_CONFIG_NAME} but no {LORA_WEIGHTS_NAME}: the peft adapter is "
-                                "incomplete.")
+        raise FileNotFoundError(
+            f"{folder} has {LORA_CONFIG_NAME} but no {LORA_WEIGHTS_NAME}: the peft adapter is incomplete."
+        )
     check_finite(load_peft_weights(folder, device="cpu"), f"The peft weights in {folder}")
     if not is_peft(base_model):
         with peft_on_transformers5():
@@ -431,7 +440,7 @@ def load_adapter(
     is_trainable: bool = False,
     inplace: bool = False,
     **kwargs: Any,
-) -> "MemoryModel":
+) -> MemoryModel:
     """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`, which checks first that
     `base_model` can be wrapped)."""
     if not isinstance(is_trainable, bool) or not isinstance(inplace, bool):
@@ -479,14 +488,20 @@ def _load_memory_weights(
         shapes = f"has shape {tuple(tensor.shape)} but this model needs {tuple(expected[name].shape)}"
         width = model.adapter.embed_dim
         if tensor.dim() and tensor.shape[-1] != width and expected[name].shape[-1] == width:
-            cause = (f"the adapter was trained for a backbone of another width (embedding width {tensor.shape[-1]}, "
-                     f"this backbone has {width})")
+            cause = (
+                f"the adapter was trained for a backbone of another width (embedding width {tensor.shape[-1]}, "
+                f"this backbone has {width})"
+            )
         elif overridden:
-            cause = (f"the override(s) {given} change the shape of trained weights; leave them out to load the "
-                     "adapter as it was trained")
+            cause = (
+                f"the override(s) {given} change the shape of trained weights; leave them out to load the "
+                "adapter as it was trained"
+            )
         else:
-            cause = (f"the adapter's {CONFIG_NAME} and {WEIGHTS_NAME} come from different saves (the config "
-                     "gives other shapes than the weights have); save the adapter again")
+            cause = (
+                f"the adapter's {CONFIG_NAME} and {WEIGHTS_NAME} come from different saves (the config "
+                "gives other shapes than the weights have); save the adapter again"
+            )
         raise ValueError(f"Adapter weight {name!r} of {source!r} {shapes}: {cause}.")
     missing, unexpected = model.memory.load_state_dict(
         {k: v.to(expected[k].dtype) if k in expected else v for k, v in weights.items()}, strict=False

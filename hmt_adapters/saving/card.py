@@ -40,7 +40,7 @@ def card_base_model(base: str | None) -> str | None:
     return base
 
 
-def render_model_card(model: "MemoryModel", tags: list[str] | None = None, **fields: Any) -> ModelCard:
+def render_model_card(model: MemoryModel, tags: list[str] | None = None, **fields: Any) -> ModelCard:
     """The Hub model card for `model`'s adapter, from the template in `model_cards/` (`fields` fill its slots)."""
     meta = base_metadata(model)
     base = meta["base_model_name_or_path"]
@@ -67,7 +67,7 @@ def render_model_card(model: "MemoryModel", tags: list[str] | None = None, **fie
 
 
 def push_adapter(
-    model: "MemoryModel",
+    model: MemoryModel,
     repo_id: str,
     *,
     commit_message: str | None = None,
@@ -77,7 +77,7 @@ def push_adapter(
     revision: str | None = None,
     create_pr: bool = False,
     tags: list[str] | None = None,
-    state_dict: dict[str, "torch.Tensor"] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
     results: str | None = None,
     training: str | None = None,
     tokenizer: Any = None,

@@ -11,8 +11,15 @@ FORMAT_VERSION = 2
 CONFIG_NAME = "memory_config.json"
 # Keys `save_pretrained` writes beside the config fields; they describe the checkpoint, not the method.
 METADATA_KEYS = (
-    "format_version", "hmt_adapters_version", "base_model_name_or_path", "base_model_architecture", "base_model_type",
-    "embed_dim", "hidden_size", "num_hidden_layers", "vocab_size",
+    "format_version",
+    "hmt_adapters_version",
+    "base_model_name_or_path",
+    "base_model_architecture",
+    "base_model_type",
+    "embed_dim",
+    "hidden_size",
+    "num_hidden_layers",
+    "vocab_size",
 )
 WEIGHTS_NAME = "memory_adapter.safetensors"
 LORA_CONFIG_NAME = "adapter_config.json"
@@ -25,8 +32,17 @@ PEFT_FILES = (LORA_CONFIG_NAME, LORA_WEIGHTS_NAME, LORA_BIN_NAME)
 # with a tokenizer (docs/adapters.md, "The tokenizer"). `TOKENIZER_CONFIG_NAME` marks a folder that has one.
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 TOKENIZER_FILES = (
-    TOKENIZER_CONFIG_NAME, "tokenizer.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
+    TOKENIZER_CONFIG_NAME,
+    "tokenizer.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 # A `config.json` whose `model_type` no loader knows, so that transformers refuses the folder (adapter_io.write_guard).
 GUARD_NAME = "config.json"

@@ -57,7 +57,9 @@ def adapter_folder(
     sub = (subfolder or "").strip("/")
     if os.path.isdir(name):
         if revision is not None:
-            raise ValueError(f"`revision` applies to Hub repos, but {name!r} is a local directory; leave `revision` out.")
+            raise ValueError(
+                f"`revision` applies to Hub repos, but {name!r} is a local directory; leave `revision` out."
+            )
         folder = os.path.join(name, sub)
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"The adapter directory {name!r} has no subfolder {subfolder!r}.")
@@ -75,8 +77,13 @@ def adapter_folder(
     where = f"revision {revision or 'main'}" + (f", subfolder {sub!r}" if sub else "")
     try:
         snapshot = snapshot_download(
-            name, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
-            force_download=force_download, allow_patterns=patterns,
+            name,
+            revision=revision,
+            token=token,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            local_files_only=local_files_only,
+            force_download=force_download,
+            allow_patterns=patterns,
         )
     except RevisionNotFoundError as err:
         raise ValueError(f"The Hub repo {name!r} has no revision {revision!r}.") from err
@@ -87,11 +94,12 @@ def adapter_folder(
         ) from err
     except (LocalEntryNotFoundError, HfHubHTTPError) as err:
         raise FileNotFoundError(
-            f"{name!r} is not a local directory (no such path: {os.path.abspath(name)}); as a Hub repo id it is not in "
-            f"the cache ({where}) and cannot be downloaded: {err}"
+            f"{name!r} is not a local directory (no such path: {os.path.abspath(name)}); as a Hub repo id it is not "
+            f"in the cache ({where}) and cannot be downloaded: {err}"
         ) from err
     folder = os.path.join(snapshot, sub)
     if not os.path.isfile(os.path.join(folder, CONFIG_NAME)):
-        raise FileNotFoundError(f"The Hub repo {name!r} ({where}) has no {CONFIG_NAME}: it holds no hmt-adapters adapter.")
+        raise FileNotFoundError(
+            f"The Hub repo {name!r} ({where}) has no {CONFIG_NAME}: it holds no hmt-adapters adapter."
+        )
     return folder
-

@@ -101,8 +101,16 @@ def train_recall(
         if step % eval_every:
             continue
         digit, exact = task.accuracy(model, gaps[stage], batch_size=256)
-        history.append({"step": step, "gap": gaps[stage], "loss": loss.item(), "digit": digit, "exact": exact,
-                        "seconds": time.time() - start})
+        history.append(
+            {
+                "step": step,
+                "gap": gaps[stage],
+                "loss": loss.item(),
+                "digit": digit,
+                "exact": exact,
+                "seconds": time.time() - start,
+            }
+        )
         bar.set_description(f"recall gap {gaps[stage]} exact {exact:.2f}")
         if log:
             log(f"step {step:5d}  gap {gaps[stage]:2d}  loss {loss.item():.3f}  exact {exact:.3f}")

@@ -24,7 +24,8 @@ def deepspeed_config(name_or_path: str | os.PathLike) -> str:
         return str(resources.files(__package__).joinpath("deepspeed_configs", f"{name_or_path}.json"))
     path = os.fspath(name_or_path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"DeepSpeed config {path!r} does not exist; pass a JSON file or one of "
-                                f"{list(CONFIG_NAMES)}.")
+        raise FileNotFoundError(
+            f"DeepSpeed config {path!r} does not exist; pass a JSON file or one of {list(CONFIG_NAMES)}."
+        )
     read_json_object(path, "DeepSpeed config")
     return path

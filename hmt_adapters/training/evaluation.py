@@ -88,6 +88,8 @@ def perplexity_by_length(nll: torch.Tensor, lengths: Sequence[int]) -> dict[str,
     out = {}
     for c in lengths:
         if nll.numel() >= c - 1:
-            out[str(c)] = {"bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())),
-                           "prefix": math.exp(float(nll[: c - 1].mean()))}
+            out[str(c)] = {
+                "bin": math.exp(float(nll[c // 2 - 1 : c - 1].mean())),
+                "prefix": math.exp(float(nll[: c - 1].mean())),
+            }
     return out

@@ -56,8 +56,9 @@ class Stage:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Stage `{key}` must be an integer >= 1, got {value!r}.")
         if self.min_segments > self.n_segments:
-            raise ValueError(f"Stage `min_segments` must be in [1, n_segments={self.n_segments}], got "
-                             f"{self.min_segments}.")
+            raise ValueError(
+                f"Stage `min_segments` must be in [1, n_segments={self.n_segments}], got {self.min_segments}."
+            )
 
 
 def hmt_stages(stage1_steps: int, stage2_steps: int, stage2_segments: int = 15, min_segments: int = 1) -> list[Stage]:
@@ -77,16 +78,19 @@ def segment_curriculum(levels: Sequence[int], steps_per_level: int, **config: An
     first."""
     if not levels or list(levels) != sorted(levels):
         raise ValueError(f"`levels` must be a non-empty increasing list of segment counts, got {list(levels)!r}.")
-    return [Stage(n, steps_per_level, name=f"level{i + 1}-{n}seg", config=config if i == 0 else {})
-            for i, n in enumerate(levels)]
+    return [
+        Stage(n, steps_per_level, name=f"level{i + 1}-{n}seg", config=config if i == 0 else {})
+        for i, n in enumerate(levels)
+    ]
 
 
 def _check_first_stage(model: MemoryModel, stage: Stage) -> None:
     config = model.memory_config
     unknown = sorted(set(stage.config) - set(config.field_names()))
     if unknown:
-        raise ValueError(f"Stage '{stage.name}' changes unknown config fields {unknown}; valid: "
-                         f"{sorted(config.field_names())}.")
+        raise ValueError(
+            f"Stage '{stage.name}' changes unknown config fields {unknown}; valid: {sorted(config.field_names())}."
+        )
     differ = {k: v for k, v in stage.config.items() if getattr(config, k) != v}
     if differ:
         raise ValueError(
@@ -129,7 +133,8 @@ def train_stages(
         raise ValueError("`stages` is empty; pass at least one Stage (see `hmt_stages`, `segment_curriculum`).")
     shortest = min(s.n_segments for s in stages)
     if stride_segments is not None and (
-        isinstance(stride_segments, bool) or not isinstance(stride_segments, int)
+        isinstance(stride_segments, bool)
+        or not isinstance(stride_segments, int)
         or not 1 <= stride_segments <= shortest
     ):
         raise ValueError(
@@ -144,12 +149,14 @@ def train_stages(
     ds_config = deepspeed_config(deepspeed) if deepspeed is not None else None
     segment_length = model.memory_config.segment_length
     collator = WindowCollator(
-        pad_token_id=pad_token_id, min_length=segment_length, loss_segments=loss_segments,
-        segment_length=segment_length
+        pad_token_id=pad_token_id,
+        min_length=segment_length,
+        loss_segments=loss_segments,
+        segment_length=segment_length,
     )
-    previous_dir = None
-    for index, stage in enumerate(stages):
-        if index > 0 and stage.config:
+    previous_dir: str | None = None
+    for stage in stages:
+        if previous_dir is not None and stage.config:
             runtime = model.memory_config.runtime_switches()
             switches = {k: getattr(model.memory_config, k) for k in runtime}  # not in the saved adapter
             model = MemoryModel.from_pretrained(
@@ -157,14 +164,19 @@ def train_stages(
             )
         stage_dir = os.path.join(output_dir, stage.name)
         windows: dict[str, Any] = dict(
-            segment_length=segment_length, n_segments=stage.n_segments, min_segments=stage.min_segments,
+            segment_length=segment_length,
+            n_segments=stage.n_segments,
+            min_segments=stage.min_segments,
             stride=None if stride_segments is None else stride_segments * segment_length,
         )
         train = make_windows(train_documents, **windows)
         evaluation = make_windows(eval_documents, **windows) if eval_documents is not None else None
         logger.info(
-            "Stage '%s': %s; loss on %s; %d steps", stage.name, depth_summary(train, segment_length, stage.n_segments),
-            "every segment" if loss_segments is None else f"the last {loss_segments} segment(s)", stage.max_steps,
+            "Stage '%s': %s; loss on %s; %d steps",
+            stage.name,
+            depth_summary(train, segment_length, stage.n_segments),
+            "every segment" if loss_segments is None else f"the last {loss_segments} segment(s)",
+            stage.max_steps,
         )
         trainer = MemoryTrainer(
             model=model,

@@ -42,21 +42,29 @@ class ElasticMemoryConfig(MemoryConfig):
     hippo_order: int = field(default=540, metadata={"help": "HiPPO order N (Legendre coefficients).", "min": 1})
     memory_tokens: int | None = field(
         default=None,
-        metadata={"help": "Memory tokens L_mem per segment (None = hippo_order).", "min": 1, "nullable": True}
+        metadata={"help": "Memory tokens L_mem per segment (None = hippo_order).", "min": 1, "nullable": True},
     )
     memory_layers: tuple[int, ...] | None = field(
         default=None,
-        metadata={"help": "Decoder layers with memory (None = one layer at 3/4 depth).", "type": tuple, "min": 0,
-                  "nullable": True},
+        metadata={
+            "help": "Decoder layers with memory (None = one layer at 3/4 depth).",
+            "type": tuple,
+            "min": 0,
+            "nullable": True,
+        },
     )
     sampling: str = field(default="uniform", metadata={"help": "Polynomial sampling strategy.", "choices": STRATEGIES})
     exp_alpha: float | None = field(
         default=None,
-        metadata={"help": "Exponential sampling decay in (0, 1) (None = per segment).", "type": float,
-                  "nullable": True}
+        metadata={
+            "help": "Exponential sampling decay in (0, 1) (None = per segment).",
+            "type": float,
+            "nullable": True,
+        },
     )
-    matrix_cache_mb: int = field(default=64,
-                                 metadata={"help": "MiB of fixed HiPPO matrices kept for reuse.", "min": 0})
+    matrix_cache_mb: int = field(
+        default=64, metadata={"help": "MiB of fixed HiPPO matrices kept for reuse.", "min": 0}
+    )
 
     def validate(self) -> None:
         super().validate()

@@ -3,12 +3,12 @@
 The state after `t` tokens is `c_n(t) = (1/t) int_0^t f(x) g_n^(t)(x) dx` with `g_n^(t)(x) = sqrt(2n+1) P_n(2x/t - 1)`
 (Elastic Memory Eq. 2); it evolves by `dc/dt = -(1/t) A c + (1/t) B f` (Eq. 3, 18-19). Token `k` (0-based) is held
 constant on `[k, k+1)` (zero-order hold, App. E.2). Because the LegS ODE is exact, ZOH gives exactly the Legendre
-projection of the piecewise-constant signal, so every matrix has a closed form (spec §1.2) and needs no matrix
+projection of the piecewise-constant signal, so every matrix has a closed form (App. E.2-E.3) and needs no matrix
 exponential: the block transition `(start/end)^A` comes from a three-term recurrence on dilated Legendre
 polynomials, the block kernel from antiderivatives of Legendre polynomials. Both are built in float64 and stored in
 the class dtype (float32 by default); the recurrences stay accurate at N = 8640 (tests/test_hippo.py).
 
-The forward, backward and bilinear discretisations (generalised bilinear transform, spec §1.2, not in the paper)
+The forward, backward and bilinear discretisations (generalised bilinear transform; Table 12 names them, no formulas)
 have no closed form: their block matrices are accumulated from the per-token matrices (small N only).
 """
 
@@ -61,7 +61,7 @@ def legs_basis(order: int, x: torch.Tensor, horizon: float, dtype: torch.dtype =
 
 
 def legs_kernel(order: int, start: int, end: int, horizon: int, dtype: torch.dtype = _F64) -> torch.Tensor:
-    """Columns for tokens `start..end-1` of the state at `horizon`: `[N, end-start]` (spec §1.2, items 2-3).
+    """Columns for tokens `start..end-1` of the state at `horizon`: `[N, end-start]` (Eq. 27 in closed form).
 
     `K[n, j] = (1/h) int_p^{p+1} g_n^(h)(x) dx = sqrt(2n+1)/2 [I_n(z_{p+1}) - I_n(z_p)]`, `p = start + j`,
     `z_p = 2p/h - 1`, `I_0(z) = z`, `I_n = (P_{n+1} - P_{n-1}) / (2n+1)`. With `horizon = end` this is the HiPPO
@@ -83,8 +83,9 @@ def legs_kernel(order: int, start: int, end: int, horizon: int, dtype: torch.dty
 def legs_transition(order: int, start: int, end: int, dtype: torch.dtype = _F64) -> torch.Tensor:
     """The ZOH state map from `start` to `end` tokens, `(start/end)^A` `[N, N]`; zero when `start == 0`.
 
-    `P[n, m] = (1/e) int_0^s g_m^(s) g_n^(e) dx` (spec §1.2, item 4). With `r = s/e` and shifted Legendre
-    polynomials `p_n(y) = P_n(2y - 1)`, `p_n(r y) = sum_m a^(n)_m p_m(y)` and `P[n, m] = r sqrt((2n+1)/(2m+1)) a^(n)_m`.
+    `P[n, m] = (1/e) int_0^s g_m^(s) g_n^(e) dx` (App. E.3's block transition). With `r = s/e` and shifted Legendre
+    polynomials `p_n(y) = P_n(2y - 1)`, `p_n(r y) = sum_m a^(n)_m p_m(y)` and
+    `P[n, m] = r sqrt((2n+1)/(2m+1)) a^(n)_m`.
     The rows `a^(n)` follow Legendre's recurrence `(n+1) p_{n+1}(u') = (2n+1) u' p_n(u') - n p_{n-1}(u')` with
     `u' = r u + r - 1`, `u = 2y - 1`, where multiplying by `u` is tridiagonal in the `p_m` basis. O(N^2) work, each
     row bounded (the map is a contraction), no matrix exponential. Rows are built in float64 numpy (N short steps).

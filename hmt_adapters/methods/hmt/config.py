@@ -43,8 +43,10 @@ class HMTConfig(MemoryConfig):
     use_retrieval: bool = field(default=True, metadata={"help": "False = HMT stage 1 (no retrieval)."})
     query_source: str = field(
         default="previous_suffix",
-        metadata={"help": "Retrieval query: causal previous suffix or the paper's segment prefix.",
-                  "choices": QUERY_SOURCES},
+        metadata={
+            "help": "Retrieval query: causal previous suffix or the paper's segment prefix.",
+            "choices": QUERY_SOURCES,
+        },
     )
 
     def validate(self) -> None:

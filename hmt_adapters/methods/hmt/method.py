@@ -107,8 +107,9 @@ class HMT(MemoryMethod):
         else:
             prompt = newest_or_init(cache, valid, self.memory_init, 1)  # stage 1: P_n = M_{n-1}
         k = self.config.sensory_length
-        sens_ids, sens_mask = (trim_empty_columns(state["tail_ids"][:, -k:], state["tail_mask"][:, -k:]) if k
-                               else (None, None))
+        sens_ids, sens_mask = (
+            trim_empty_columns(state["tail_ids"][:, -k:], state["tail_mask"][:, -k:]) if k else (None, None)
+        )
         ones = segment.mask.new_ones(prompt.shape[0], 1)
         prefix, prefix_mask = prompt, ones
         if sens_ids is not None and sens_mask is not None and sens_ids.shape[1]:
@@ -118,6 +119,7 @@ class HMT(MemoryMethod):
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         cache, valid = push_fifo(state["cache"], state["cache_valid"], hidden[:, -1:])  # M_n at the trailing P
-        tail_ids, tail_mask = append_tail(state["tail_ids"], state["tail_mask"], segment.ids, segment.mask,
-                                          self._tail_width)
+        tail_ids, tail_mask = append_tail(
+            state["tail_ids"], state["tail_mask"], segment.ids, segment.mask, self._tail_width
+        )
         return {"cache": cache, "cache_valid": valid, "tail_ids": tail_ids, "tail_mask": tail_mask}

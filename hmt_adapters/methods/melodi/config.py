@@ -39,28 +39,33 @@ class MelodiConfig(MemoryConfig):
 
     summary_length: int | None = field(
         default=None,
-        metadata={"help": "Summary / short-term tokens S (default segment_length // 4).", "min": 1, "nullable": True}
+        metadata={"help": "Summary / short-term tokens S (default segment_length // 4).", "min": 1, "nullable": True},
     )
     long_term_length: int | None = field(
         default=None,
-        metadata={"help": "Long-term tokens L per window (default segment_length // 8).", "min": 1, "nullable": True}
+        metadata={"help": "Long-term tokens L per window (default segment_length // 8).", "min": 1, "nullable": True},
     )
-    long_term_windows: int = field(default=128,
-                                   metadata={"help": "Windows Q_max kept in the long-term FIFO.", "min": 1})
+    long_term_windows: int = field(
+        default=128, metadata={"help": "Windows Q_max kept in the long-term FIFO.", "min": 1}
+    )
     short_term_layers: tuple[int, ...] | None = field(
         default=None,
-        metadata={"help": "Decoder layers with short-term memory (None = all).", "type": tuple, "min": 0,
-                  "nullable": True},
+        metadata={
+            "help": "Decoder layers with short-term memory (None = all).",
+            "type": tuple,
+            "min": 0,
+            "nullable": True,
+        },
     )
     long_term_layer: int | None = field(
         default=None,
-        metadata={"help": "Decoder layer with long-term memory (None = middle).", "min": 0, "nullable": True}
+        metadata={"help": "Decoder layer with long-term memory (None = middle).", "min": 0, "nullable": True},
     )
     use_short_term: bool = field(default=True, metadata={"help": "Short-term memory on (False: long-term only)."})
     use_long_term: bool = field(default=True, metadata={"help": "Long-term memory on (False: short-term only)."})
     gate_init: float = field(
         default=0.1,
-        metadata={"help": "Initial long-term gate alpha, in (0, 1).", "type": float, "min": 0.0, "max": 1.0}
+        metadata={"help": "Initial long-term gate alpha, in (0, 1).", "type": float, "min": 0.0, "max": 1.0},
     )
 
     def validate(self) -> None:
@@ -68,8 +73,9 @@ class MelodiConfig(MemoryConfig):
         if not (self.use_short_term or self.use_long_term):
             raise ValueError("At least one of `use_short_term` and `use_long_term` must be True, got both False.")
         if not 0.0 < self.gate_init < 1.0:
-            raise ValueError("`gate_init` must lie strictly between 0 and 1 (it is a sigmoid), got "
-                             f"{self.gate_init!r}.")
+            raise ValueError(
+                f"`gate_init` must lie strictly between 0 and 1 (it is a sigmoid), got {self.gate_init!r}."
+            )
 
     @property
     def summary_tokens(self) -> int:

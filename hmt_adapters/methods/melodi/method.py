@@ -122,8 +122,9 @@ class Melodi(MemoryMethod):
         state: State = {}
         if self.long_term_layer is not None:
             capacity = self.config.long_term_tokens * self.config.long_term_windows
-            state.update(init_kv_state(batch_size, (self.long_term_layer,), b.num_kv_heads, b.head_dim, capacity,
-                                       device, dtype))
+            state.update(
+                init_kv_state(batch_size, (self.long_term_layer,), b.num_kv_heads, b.head_dim, capacity, device, dtype)
+            )
         if self.short_term_layers:
             state["z_valid"] = torch.zeros(batch_size, dtype=torch.bool, device=device)
             for i in self.short_term_layers:

@@ -21,8 +21,9 @@ def mix(weight: torch.Tensor, hidden: torch.Tensor, token_mask: torch.Tensor) ->
     window = weight.shape[1] - summaries
     if slots < window:
         weight = torch.cat([weight[:, :slots], weight[:, window:]], dim=1)
-    keep = torch.cat([token_mask.to(hidden.dtype),
-                      token_mask.new_ones(token_mask.shape[0], summaries, dtype=hidden.dtype)], 1)
+    keep = torch.cat(
+        [token_mask.to(hidden.dtype), token_mask.new_ones(token_mask.shape[0], summaries, dtype=hidden.dtype)], 1
+    )
     return torch.matmul(weight.to(hidden.dtype), hidden * keep[..., None])
 
 

@@ -55,6 +55,7 @@ class InfLLM(MemoryMethod):
     """Sinks + local window + top-k retrieved blocks per chunk and layer, one joint softmax; no parameters."""
 
     config_class = InfLLMConfig
+    config: InfLLMConfig
     needs_attention = True
     updates_empty_rows: ClassVar[bool] = True  # rows without real tokens get masked slots (the store stays aligned)
 
@@ -64,7 +65,9 @@ class InfLLM(MemoryMethod):
         layers = range(backbone.num_layers) if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
         if config.match_blocks and config.match_layer not in self.layers:
-            raise ValueError(f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}.")
+            raise ValueError(
+                f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}."
+            )
         # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
         self.trace: dict[int, list[dict[str, Any]]] | None = None
 
@@ -74,8 +77,9 @@ class InfLLM(MemoryMethod):
         """The dtype of the tail, sinks and representatives (int8 quantizes blocks only)."""
         return STORE_DTYPES.get(self.config.store_dtype or "", dtype)
 
-    def _block_kv(self, state: State, layer: int, index: int, device: torch.device, dtype: torch.dtype
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _block_kv(
+        self, state: State, layer: int, index: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Block `index`'s keys and values `[B, Hkv, block, D]` on `device` in `dtype` (dequantized if int8)."""
         k, v = state[f"block.k.{layer}.{index}"], state[f"block.v.{layer}.{index}"]
         if k.dtype == torch.int8:
@@ -129,8 +133,14 @@ class InfLLM(MemoryMethod):
 
         return attend
 
-    def select_blocks(self, layer: int, state: State, query_global: torch.Tensor, query_valid: torch.Tensor,
-                      matched: torch.Tensor | None = None) -> torch.Tensor | None:
+    def select_blocks(
+        self,
+        layer: int,
+        state: State,
+        query_global: torch.Tensor,
+        query_valid: torch.Tensor,
+        matched: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """Indices `[B, Hs, k]` (Hs = 1 per layer or Hkv per key/value head) of the blocks whose representative keys
         best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks. With `matched`
         `[B, m]` (question-aware blocks, `match_blocks`), those come first and the ranking fills the other k."""
@@ -151,8 +161,9 @@ class InfLLM(MemoryMethod):
             scores = scores.scatter(-1, matched[:, None, :].expand(-1, scores.shape[1], -1), float("inf"))
         return scores.topk(k, dim=-1).indices.sort(dim=-1).values
 
-    def match_blocks(self, layer: int, state: State, query_pre: torch.Tensor, query_valid: torch.Tensor
-                     ) -> torch.Tensor:
+    def match_blocks(
+        self, layer: int, state: State, query_pre: torch.Tensor, query_valid: torch.Tensor
+    ) -> torch.Tensor:
         """`[B, m]` the `match_blocks` blocks whose best single token best matches the mean of the chunk's last
         `match_queries` real queries, pre-RoPE on both sides, summed over heads (docs/infllm.md, "Question-aware
         blocks"). Costs one pass over the layer's stored keys per chunk, not one per token."""
@@ -171,8 +182,9 @@ class InfLLM(MemoryMethod):
         token = token.masked_fill(~valid, float("-inf")).view(batch, count, size)
         return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
 
-    def gather_blocks(self, layer: int, state: State, chosen: torch.Tensor, device: torch.device,
-                      dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def gather_blocks(
+        self, layer: int, state: State, chosen: torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, ...]:
         """Keys, values `[B, Hkv, k * block, D]` (on `device`, in `dtype`) and validity `[B, 1|Hkv, k * block]` of the
         chosen blocks; each block moves and is dequantized once per call, whatever rows or heads chose it."""
         batch, heads_sel, _ = chosen.shape
@@ -195,8 +207,14 @@ class InfLLM(MemoryMethod):
             valid.append(torch.stack(per_head_m, dim=0))
         return torch.stack(keys), torch.stack(values), torch.stack(valid)
 
-    def read(self, layer: int, state: State, call: AttentionCall, context: AttentionContext,
-             segment_mask: torch.Tensor | None = None):
+    def read(
+        self,
+        layer: int,
+        state: State,
+        call: AttentionCall,
+        context: AttentionContext,
+        segment_mask: torch.Tensor | None = None,
+    ):
         """The layer's attention output `([B, q, Hq, D], None)` over global (sinks + retrieved blocks, at distance
         W) and local (tail at true distances + the chunk, causal) keys, one softmax. `segment_mask` `[B, L]` marks
         the segment's real tokens: padding queries do not count in the chunk's mean query."""
@@ -249,13 +267,15 @@ class InfLLM(MemoryMethod):
             last_row = min(q_len, first + rows)
             sliced = [(query[:, :, first:last_row], part) for part in local_parts]
             if global_part is not None:
+                assert query_global is not None  # computed with the global part
                 sliced.insert(0, (query_global[:, :, first:last_row], global_part))
             logits, masks = [], []
             for q, (k, _, visible) in sliced:
                 logits.append(head_scores(q * scaling, k).float())
                 masks.append(visible if visible is None or visible.shape[-2] == 1 else visible[..., first:last_row, :])
             probs = self._softmax(logits, masks, call.kwargs.get("softcap"))
-            outs.append(sum(head_mix(p.to(dtype), part[1]) for p, (_, part) in zip(probs, sliced)))
+            mixed = [head_mix(p.to(dtype), part[1]) for p, (_, part) in zip(probs, sliced)]
+            outs.append(torch.stack(mixed).sum(0))
             if layer in context.record_layers:  # attention each local key received, summed over queries
                 received.append(torch.cat([p.sum(2) for p in probs[-2:]], dim=-1))  # [B, Hq, tail + own]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -266,18 +286,21 @@ class InfLLM(MemoryMethod):
             positions = call.kwargs.get("position_ids")
             last = int(positions.max()) if positions is not None else call.key.shape[2] - 1
             sinks_moved = state["sink.valid"].shape[1] > 0
-            self.trace.setdefault(layer, []).append({
-                "end": stored + last + 1,
-                "blocks": num_blocks(state, layer),
-                "sinks": self.sinks if sinks_moved else 0,
-                "local_from": stored - tail_len,
-                "selected": [] if chosen is None else [sorted(set(row.tolist())) for row in chosen[0]],
-            })
+            self.trace.setdefault(layer, []).append(
+                {
+                    "end": stored + last + 1,
+                    "blocks": num_blocks(state, layer),
+                    "sinks": self.sinks if sinks_moved else 0,
+                    "local_from": stored - tail_len,
+                    "selected": [] if chosen is None else [sorted(set(row.tolist())) for row in chosen[0]],
+                }
+            )
         return out.transpose(1, 2).contiguous(), None
 
     @staticmethod
-    def _softmax(logits: list[torch.Tensor], masks: list[torch.Tensor | None], softcap: float | None
-                 ) -> list[torch.Tensor]:
+    def _softmax(
+        logits: list[torch.Tensor], masks: list[torch.Tensor | None], softcap: float | None
+    ) -> list[torch.Tensor]:
         """One fp32 softmax over the logit parts together (eq. 1), each masked by its visibility (None: all
         visible); the probabilities come back per part. Without gradients the parts are worked in place, never
         concatenated; when training through the backbone, autograd's softmax over their concatenation."""
@@ -291,20 +314,20 @@ class InfLLM(MemoryMethod):
             if mask is not None:
                 part.masked_fill_(~mask, low)
         top = torch.stack([part.amax(-1) for part in logits if part.shape[-1]]).amax(0)[..., None]
-        total = 0
-        for part in logits:
-            total = total + part.sub_(top).exp_().sum(-1, keepdim=True)
+        total = torch.stack([part.sub_(top).exp_().sum(-1, keepdim=True) for part in logits]).sum(0)
         return [part.div_(total) for part in logits]  # a query that sees nothing (padding): a uniform row, no NaN
 
-    def _matched(self, layer: int, state: State, context: AttentionContext, query_pre: torch.Tensor,
-                 query_valid: torch.Tensor) -> torch.Tensor | None:
+    def _matched(
+        self, layer: int, state: State, context: AttentionContext, query_pre: torch.Tensor, query_valid: torch.Tensor
+    ) -> torch.Tensor | None:
         """The question-aware blocks of this call: ranked afresh in `match_layer` when the call has at least
         `match_queries` queries (a chunk ending in the question), else those of the last such call (the open
         segment's first call, then the last closed segment's, kept in the state): a decoding step's single query is
         not the question. Later layers of the call read the same blocks."""
         if layer == self.config.match_layer:
             if query_pre.shape[2] >= self.config.match_queries or (
-                    MATCH_NOTE not in context.notes and "match" not in state):
+                MATCH_NOTE not in context.notes and "match" not in state
+            ):
                 context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
             elif MATCH_NOTE not in context.notes:
                 context.notes[MATCH_NOTE] = state["match"]
@@ -356,8 +379,12 @@ class InfLLM(MemoryMethod):
             out["match"] = context.notes[MATCH_NOTE]
         stored = self.stored(out)
         window_from = stored - self.window  # the next chunk's window start
-        if out["sink.valid"].shape[1] == 0 and self.sinks and window_from >= self.sinks and \
-                stored - out["tail.valid"].shape[1] == 0:
+        if (
+            out["sink.valid"].shape[1] == 0
+            and self.sinks
+            and window_from >= self.sinks
+            and stored - out["tail.valid"].shape[1] == 0
+        ):
             out = self._move(out, "sink", self.sinks)
         if out["sink.valid"].shape[1] or not self.sinks:
             while stored - out["tail.valid"].shape[1] + self.block <= window_from:

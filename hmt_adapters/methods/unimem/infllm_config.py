@@ -83,8 +83,12 @@ class InfLLMConfig(MemoryConfig):
     )
     store_device: str | None = field(
         default=None,
-        metadata={"help": "Device of the stored blocks (None: the model's).", "type": str, "nullable": True,
-                  "runtime": True},  # where this process keeps the store, not part of the adapter: not saved
+        metadata={
+            "help": "Device of the stored blocks (None: the model's).",
+            "type": str,
+            "nullable": True,
+            "runtime": True,
+        },  # where this process keeps the store, not part of the adapter: not saved
     )
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
@@ -100,8 +104,10 @@ class InfLLMConfig(MemoryConfig):
             try:
                 torch.device(self.store_device)
             except (RuntimeError, TypeError) as err:
-                raise ValueError(f"`store_device` must name a torch device (e.g. 'cpu', 'cuda:0') or be None, got "
-                                 f"{self.store_device!r}.") from err
+                raise ValueError(
+                    f"`store_device` must name a torch device (e.g. 'cpu', 'cuda:0') or be None, got "
+                    f"{self.store_device!r}."
+                ) from err
         if self.match_blocks and self.memory_layers is not None and self.match_layer not in self.memory_layers:
             raise ValueError(
                 f"`match_layer` ({self.match_layer}) must be one of `memory_layers` {list(self.memory_layers)}: "
