@@ -22,6 +22,7 @@ class MethodEntry:
     config_cls: type[MemoryConfig]
     method_cls: type[MemoryMethod]
     defaults: dict[str, Any] = field(default_factory=dict)
+    untrained: str = ""  # what an untrained instance does to the backbone (the zero-shot tables quote it)
 
     def make_config(self, name: str, **fields: Any) -> MemoryConfig:
         """Instantiate the config for this method string, with unknown keys reported as a `ValueError`."""
@@ -47,13 +48,15 @@ def register_method(
     config_cls: type[MemoryConfig],
     method_cls: type[MemoryMethod],
     defaults: dict[str, Any] | None = None,
+    untrained: str = "",
 ) -> None:
-    """Register `name` (lower case, unique) so `wrap_with_memory(model, name)` and saved configs can find it."""
+    """Register `name` (lower case, unique) so `wrap_with_memory(model, name)` and saved configs can find it;
+    `untrained` says in words what an untrained instance does to the backbone (quoted by the zero-shot tables)."""
     if name != name.lower() or not name or name.endswith("_"):
         raise ValueError(f"Method names are lower case without a trailing '_', got {name!r}.")
     if name in _METHODS:
         raise KeyError(f"There is already a memory method called {name!r}.")
-    _METHODS[name] = MethodEntry(name, config_cls, method_cls, dict(defaults or {}))
+    _METHODS[name] = MethodEntry(name, config_cls, method_cls, dict(defaults or {}), untrained)
 
 
 def get_method(name: str) -> MethodEntry:

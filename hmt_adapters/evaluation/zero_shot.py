@@ -2,8 +2,8 @@
 row in the long-context tables even where no adapter was trained for it (docs/benchmarks.md).
 
 The attention-level methods read the backbone's own keys/values and can retrieve without training; the input-level
-ones (and every learned part of the others) start from their untrained initialisation, which `ZERO_SHOT_NOTES`
-states per method and the results record.
+ones (and every learned part of the others) start from their untrained initialisation, which each method's
+registration states (`register_method(..., untrained=...)`) and the results record.
 """
 
 from __future__ import annotations
@@ -22,28 +22,6 @@ from .runner import Reader
 
 SEGMENT_LENGTH = 256  # the shipped SmolLM2 adapter's segment: zero-shot rows read with the same window
 MEMORY_SIZES = ("preset", "cover")
-
-# What an untrained instance of each method does to the backbone (from each method's __init__ and config defaults).
-ZERO_SHOT_NOTES = {
-    "transformer_xl": "no trainable parameters: every layer joins the stored past keys/values to its own "
-    "(one softmax, true RoPE distances)",
-    "memorizing_transformer": "no trainable parameters (combine='joint', no gate): the middle and last layer read the "
-    "top 32 stored keys by q.k, at position 0",
-    "trams": "no trainable parameters: every layer attends to a query-independent selection from the pool (newest 3/4 "
-    "kept, the rest by the key-norm metric)",
-    "unimix": "window + 4 global + top-4 stored keys in the upper half (no trainable parameters there), plus 40 RMT "
-    "memory tokens at the input that start as random embeddings and carry untrained hidden states",
-    "elastic": "no trainable parameters: the layer at 3/4 depth reads 540 HiPPO-LegS reconstructions of all past "
-    "pre-RoPE keys/values",
-    "melodi": "untrained: 64 random summary embeddings per segment (identity mixers), long-term store of 32 "
-    "average-pooled middle-layer states per segment read through a gate at sigmoid = 0.1",
-    "infllm": "no trainable parameters (training-free by design, InfLLM): every layer reads 128 sinks, the local "
-    "window and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance",
-    "rmt": "untrained: one random memory embedding, then the last layer's output fed back as an input embedding; "
-    "nothing in it was trained to hold a fact, so in effect a one-segment window",
-    "hmt": "untrained: random memory/summary embeddings and random retrieval projections; the memory embedding is an "
-    "untrained last-layer state, so in effect a window of one segment + 32 sensory tokens",
-}
 
 
 def zero_shot_fields(
@@ -121,6 +99,6 @@ def zero_shot_readers(
             "method": method,
             "memory": policies[method],
             "config": config.to_dict(),
-            "untrained": ZERO_SHOT_NOTES[method],
+            "untrained": get_method(method).untrained,
         }
     return readers, info

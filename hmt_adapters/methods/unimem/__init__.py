@@ -7,10 +7,40 @@ from .infllm import InfLLM
 from .infllm_config import InfLLMConfig
 from .method import UniMem
 
+# What an untrained instance of each preset does to the backbone (its config defaults), quoted by the zero-shot tables.
+UNTRAINED = {
+    "transformer_xl": (
+        "no trainable parameters: every layer joins the stored past keys/values to its own (one softmax, true "
+        "RoPE distances)"
+    ),
+    "memorizing_transformer": (
+        "no trainable parameters (combine='joint', no gate): the middle and last layer read the top 32 stored "
+        "keys by q.k, at position 0"
+    ),
+    "trams": (
+        "no trainable parameters: every layer attends to a query-independent selection from the pool (newest 3/4 "
+        "kept, the rest by the key-norm metric)"
+    ),
+    "unimix": (
+        "window + 4 global + top-4 stored keys in the upper half (no trainable parameters there), plus 40 RMT "
+        "memory tokens at the input that start as random embeddings and carry untrained hidden states"
+    ),
+}
+
 for _preset in PRESETS:
     _config_cls = TRAMSConfig if _preset == "trams" else UniMemConfig
-    register_method(_preset, config_cls=_config_cls, method_cls=UniMem, defaults={"preset": _preset})
+    register_method(
+        _preset, config_cls=_config_cls, method_cls=UniMem, defaults={"preset": _preset}, untrained=UNTRAINED[_preset]
+    )
 
-register_method("infllm", config_cls=InfLLMConfig, method_cls=InfLLM)
+register_method(
+    "infllm",
+    config_cls=InfLLMConfig,
+    method_cls=InfLLM,
+    untrained=(
+        "no trainable parameters (training-free by design, InfLLM): every layer reads 128 sinks, the local window"
+        " and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance"
+    ),
+)
 
 __all__ = ["InfLLM", "InfLLMConfig", "TRAMSConfig", "UniMem", "UniMemConfig"]
