@@ -54,6 +54,33 @@ class Layout:
         return 0 if self.prefix is None else self.prefix.shape[1]
 
 
+def value_kind(t: torch.Tensor) -> str:
+    return "bool" if t.dtype == torch.bool else "floating" if t.is_floating_point() else "integer"
+
+
+def compare_state(own: State, tensors: State, growing: dict[str, int] | None = None) -> list[str]:
+    """Differences between a state `tensors` and the layout `own` (this method's): names present in one only,
+    per-stream shapes (dims counted after the batch; the dim `growing[name]` may differ), kinds of values."""
+    diffs = []
+    for name in sorted(set(own) | set(tensors)):
+        if name not in own or name not in tensors:
+            diffs.append(f"tensor {name!r} only in the {'state' if name in tensors else 'model'}")
+            continue
+        got, want = list(tensors[name].shape[1:]), list(own[name].shape[1:])
+        free = (growing or {}).get(name)
+        if free is not None and len(got) == len(want):
+            got[free - 1] = want[free - 1]
+        if got != want:
+            diffs.append(
+                f"{name!r} per-stream shape {tuple(tensors[name].shape[1:])} (state) vs {tuple(want)} (model)"
+            )
+        elif value_kind(tensors[name]) != value_kind(own[name]):
+            diffs.append(
+                f"{name!r} holds {value_kind(tensors[name])} values (state) vs {value_kind(own[name])} (model)"
+            )
+    return diffs
+
+
 class MemoryMethod(nn.Module):
     """Base class of every memory method; subclasses own the method's parameters and state layout."""
 
@@ -100,6 +127,12 @@ class MemoryMethod(nn.Module):
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
         """The state before the first segment."""
         return {}
+
+    def state_differences(self, tensors: State, dtype: torch.dtype) -> list[str]:
+        """How `tensors` differ from this method's states (names, per-stream shapes, kinds of values), in words; empty
+        when they fit. A state's layout is `init_state`'s: every entry keeps its per-stream shape (methods whose
+        store grows override this)."""
+        return compare_state(self.init_state(1, torch.device("meta"), dtype), tensors)
 
     def plan(self, segments: list[Segment], state: State) -> list[Any]:
         """Work that depends only on tokens, done for many segments in one batched call (default: none)."""

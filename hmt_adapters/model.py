@@ -710,26 +710,11 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def _check_unsigned_state(self, state: MemoryState) -> None:
         """A state without the signature of its model (`extras["made_for"]` removed, or built by hand) is checked by
-        its tensors: the names, per-stream shapes and kinds (float / integer / bool) this model's states have. Every
-        method's state has a fixed shape per stream, so a state of another method or config is refused here instead
-        of crashing or being read wrongly (docs/adapters.md)."""
+        its tensors: the names, per-stream shapes and kinds (float / integer / bool) this model's states have
+        (`MemoryMethod.state_differences`), so a state of another method or config is refused here instead of
+        crashing or being read wrongly (docs/adapters.md)."""
         param = next(self.adapter.model.parameters())
-        own = self.memory.init_state(1, torch.device("meta"), param.dtype)
-
-        def kind(t: torch.Tensor) -> str:
-            return "bool" if t.dtype == torch.bool else "floating" if t.is_floating_point() else "integer"
-
-        diffs = []
-        for name in sorted(set(own) | set(state.tensors)):
-            if name not in own or name not in state.tensors:
-                diffs.append(f"tensor {name!r} only in the {'state' if name in state.tensors else 'model'}")
-                continue
-            got, want = state.tensors[name], own[name]
-            if tuple(got.shape[1:]) != tuple(want.shape[1:]):
-                shapes = f"{tuple(got.shape[1:])} (state) vs {tuple(want.shape[1:])} (model)"
-                diffs.append(f"{name!r} per-stream shape {shapes}")
-            elif kind(got) != kind(want):
-                diffs.append(f"{name!r} holds {kind(got)} values (state) vs {kind(want)} (model)")
+        diffs = self.memory.state_differences(state.tensors, param.dtype)
         if diffs:
             raise ValueError(
                 f"This state carries no signature of the model that made it (`extras[{STATE_SIGNATURE!r}]`), so it is "

@@ -258,6 +258,25 @@ def test_state_round_trip_continues_the_stream_exactly(tmp_path):
     torch.testing.assert_close(again.logits, direct.logits, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("store_dtype", [None, "int8"])
+def test_an_unsigned_state_with_blocks_is_checked_by_its_growing_store(store_dtype):
+    model = wrap(backbone(), store_dtype=store_dtype, match_blocks=1, match_queries=2)
+    ids = random_ids(1, 240, seed=4)
+    with torch.no_grad():
+        _, state = model.step(ids[:, :208])
+        signed, _ = model.step(ids[:, 208:], state)
+        state.extras.pop("made_for")  # checked by its tensors: blocks, scales and matched blocks are this model's
+        assert state.tensors["repr.0"].shape[2] > 1 and "match" in state.tensors
+        unsigned, _ = model.step(ids[:, 208:], state)
+    torch.testing.assert_close(unsigned.logits, signed.logits, atol=0, rtol=0)
+    bad = ha.MemoryState(state.method, dict(state.tensors), state.segments_seen)
+    count = state.tensors["repr.0"].shape[2]
+    bad.tensors[f"block.k.0.{count}"] = bad.tensors["block.k.0.0"]  # a block beyond the count
+    bad.tensors["block.k.1.0"] = bad.tensors["block.k.1.0"][..., :4]  # a block of the wrong width
+    with pytest.raises(ValueError, match=rf"names block {count}.*'block.k.1.0' per-stream shape"):
+        model.step(ids[:, 208:], bad)
+
+
 def test_bf16_store_keeps_blocks_in_bf16_close_to_float32():
     base = backbone()
     ids = random_ids(1, 224, seed=5)

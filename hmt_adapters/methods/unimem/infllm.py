@@ -28,7 +28,7 @@ import torch
 
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
 from ...memory.attend import head_mix, head_scores
-from ...method import Layout, MemoryMethod, Segment, State
+from ...method import Layout, MemoryMethod, Segment, State, compare_state
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
@@ -103,6 +103,40 @@ class InfLLM(MemoryMethod):
             state[f"tail.score.{i}"] = torch.zeros(batch_size, b.num_heads, 0, device=device)
             state[f"repr.{i}"] = torch.zeros(batch_size, b.num_heads, 0, b.head_dim, device=device, dtype=store)
         return state
+
+    def state_differences(self, tensors: State, dtype: torch.dtype) -> list[str]:
+        """The store grows: the tail, sinks, scores and representatives along their token (or block) dim, plus one
+        entry per block (`block.{k,v,ks,vs}.{layer}.{b}`, `block.valid.{b}`, b below the block count) and the
+        question-aware blocks (`match`). Everything else is checked as every method's state is."""
+        own = self.init_state(1, torch.device("meta"), dtype)
+        growing = {name: 1 if name.endswith("valid") else 2 for name in own if name != "seen"}
+        diffs = compare_state(own, {k: v for k, v in tensors.items() if k in own}, growing)
+        reps = tensors.get(f"repr.{self.layers[0]}")
+        count = 0 if reps is None else reps.shape[2]
+        b = self.backbone
+        want: tuple[int, ...]
+        for name in sorted(set(tensors) - set(own) - {"match"}):
+            parts = name.split(".")
+            if parts[:2] == ["block", "valid"] and len(parts) == 3 and parts[2].isdigit():
+                index, want = int(parts[2]), (self.block,)
+            elif (
+                len(parts) == 4
+                and parts[0] == "block"
+                and parts[1] in ("k", "v", "ks", "vs")
+                and parts[2].isdigit()
+                and int(parts[2]) in self.layers
+                and parts[3].isdigit()
+            ):
+                index = int(parts[3])
+                want = (b.num_kv_heads, self.block, 1 if parts[1] in ("ks", "vs") else b.head_dim)
+            else:
+                diffs.append(f"tensor {name!r} only in the state")
+                continue
+            if index >= count:
+                diffs.append(f"{name!r} names block {index}, but the state holds {count} blocks")
+            elif tuple(tensors[name].shape[1:]) != want:
+                diffs.append(f"{name!r} per-stream shape {tuple(tensors[name].shape[1:])} (state) vs {want} (model)")
+        return diffs
 
     def stored(self, state: State) -> int:
         """Slots stored (closed tokens, padding included): the stream position of the next chunk's first token."""
