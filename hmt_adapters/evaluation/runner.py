@@ -46,16 +46,22 @@ class Reader:
                 f"Reader '{self.name}' runs on prompts of at most {self.max_length} tokens, got {len(ids)}."
             )
         kept = list(ids)[-self.window :] if self.window is not None else list(ids)
-        device = next(self.model.parameters()).device
-        prompt = torch.tensor([kept], device=device)
-        out = self.model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_token_id,
-        )
-        return out[0, prompt.shape[1] :].tolist()
+        return greedy(self.model, kept, max_new_tokens, pad_token_id)
+
+
+def greedy(model: Any, ids: Sequence[int], max_new_tokens: int, pad_token_id: int, **kwargs: Any) -> list[int]:
+    """The `max_new_tokens` tokens `model.generate` continues `ids` (one row) with, greedily; `kwargs` (e.g. a
+    memory model's `memory_state`) go to `generate`."""
+    prompt = torch.tensor([list(ids)], device=next(model.parameters()).device)
+    out = model.generate(
+        input_ids=prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_token_id,
+        **kwargs,
+    )
+    return out[0, prompt.shape[1] :].tolist()
 
 
 def answer_rows(

@@ -17,6 +17,7 @@ import torch
 
 from ..model import MemoryModel
 from ..state import MemoryState
+from .runner import greedy
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -75,13 +76,4 @@ class SharedPrefixes:
             ids = torch.tensor([prompt[start:point]], device=device)
             _, state = self.model.step(ids, state, return_logits=False)
             self.states[(j, point)], start = state, point
-        ids = torch.tensor([prompt[start:]], device=device)
-        out = self.model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            memory_state=state,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_token_id,
-        )
-        return out[0, ids.shape[1] :].tolist()
+        return greedy(self.model, prompt[start:], max_new_tokens, pad_token_id, memory_state=state)
