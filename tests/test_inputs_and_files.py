@@ -148,3 +148,20 @@ def test_an_interrupted_re_save_changes_the_folder_in_one_step(tmp_path, monkeyp
     loaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), folder)
     source = {1: old, 3: new}[loaded.memory_config.num_memory_tokens]
     assert all(torch.equal(v, source.memory.state_dict()[k]) for k, v in loaded.memory.state_dict().items())
+
+
+def test_a_saved_adapter_is_as_readable_as_files_the_user_writes(tmp_path):
+    """The staging folder (`mkdtemp`: 0700) and safetensors' files (0600) get the modes a plain `open`/`mkdir` gives
+    under the process umask, as transformers' own saves have."""
+    old = os.umask(0o022)
+    try:
+        ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8).save_pretrained(tmp_path / "adapter")
+    finally:
+        os.umask(old)
+    folder = tmp_path / "adapter"
+    assert os.stat(folder).st_mode & 0o777 == 0o755
+    assert {p.name: os.stat(p).st_mode & 0o777 for p in folder.iterdir()} == {
+        "config.json": 0o644,
+        "memory_config.json": 0o644,
+        "memory_adapter.safetensors": 0o644,
+    }

@@ -246,6 +246,20 @@ def _move_files_in(tmp: str, directory: str) -> None:
             os.remove(os.path.join(directory, name))
 
 
+def _umask_modes(folder: str) -> None:
+    """The modes a plain `open`/`mkdir` would give under the process umask (0644 / 0755 with umask 022), for the
+    staging folder (`mkdtemp` makes it 0700) and every file in it (safetensors writes 0600), so a saved adapter is
+    as readable as the rest of the user's files."""
+    probe = os.path.join(folder, ".umask-probe")  # made as open() makes files (0o666 & ~umask): no global umask call
+    os.close(os.open(probe, os.O_CREAT | os.O_WRONLY, 0o666))
+    umask = 0o666 & ~os.stat(probe).st_mode
+    os.remove(probe)
+    os.chmod(folder, 0o777 & ~umask)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~umask)
+
+
 def _remove_leftovers(parent: str, prefix: str, keep: str) -> None:
     """Remove the staging folders of earlier saves that were interrupted (killed) before they could clean up."""
     for name in os.listdir(parent):
@@ -294,12 +308,12 @@ def save_adapter(
         tmp = tempfile.mkdtemp(dir=directory, prefix=prefix)
     _remove_leftovers(parent, prefix, keep=tmp)
     try:
-        os.chmod(tmp, os.stat(parent).st_mode & 0o777)
         _write_files(model, tmp, state_dict)
         if trainer_weights:
             checkpoint.save_trainer_weights(model, tmp, state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        _umask_modes(tmp)
         if staged_inside:
             _move_files_in(tmp, directory)
         else:
