@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hmt_adapters as ha
+from families import FAMILY_NAMES, REFUSED, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone, layer_overrides
 from hmt_adapters.attention import AttentionCall, AttentionContext, apply_rope
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
 from hmt_adapters.evaluation import TASKS
@@ -462,3 +463,28 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
     card = str(render_model_card(wrap(backbone())))
     assert "no trained weights" in card and "is_trainable" not in card and "ha.ask(model" in card
     assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
+
+
+FAMILY_FIELDS = dict(segment_length=8, window=24, sink_tokens=4, block_size=4, topk_blocks=2, representative_keys=2)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY_NAMES if f not in REFUSED])
+def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blocks_past_it(family):
+    base = family_backbone(family)
+    model = ha.wrap_with_memory(base, "infllm", **FAMILY_FIELDS, **layer_overrides("infllm", family)).eval()
+    gen = torch.Generator().manual_seed(0)
+    short, long = (torch.randint(0, VOCAB, (2, n), generator=gen) for n in (27, 90))
+    with torch.no_grad():
+        # exact where positions are relative (RoPE): learned absolute positions (GPT-2, OPT, BigCode) restart every
+        # segment, and SSM/convolution state (the hybrids) restarts every segment too
+        if model.adapter.rope_module is not None and family not in STATE_OUTSIDE_ATTENTION:
+            torch.testing.assert_close(
+                model(input_ids=short).logits, base(input_ids=short).logits, atol=1e-4, rtol=1e-4
+            )
+        model.memory.trace = {}
+        logits = model(input_ids=long).logits
+    assert torch.isfinite(logits).all()
+    layer = min(model.memory.trace)
+    assert model.memory.trace[layer][-1]["blocks"] > 2 and len(model.memory.trace[layer][-1]["selected"][0]) == 2
+    out = model.generate(long[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 93)

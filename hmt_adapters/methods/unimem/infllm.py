@@ -266,7 +266,7 @@ class InfLLM(MemoryMethod):
         own = local_visibility(call.attention_mask, q_len, call.key.shape[2], query.device)  # [B|1, 1|Hq, q, k]
         # key parts (keys, values, visibility [B, 1|Hq, 1|q, n] or None where every query sees every key) of one
         # softmax: global (sinks + retrieved blocks, read by the query rotated by W), then tail and own (local)
-        tail = (tail_rot, tail_v.to(dtype), None if bool(tail_valid.all()) else tail_valid[:, None, None, :])
+        tail = (tail_rot, tail_v.to(dtype), self._tail_visibility(tail_valid, call, q_len))
         local_parts = [tail, (call.key, call.value, None if bool(own.all()) else own)]
         sinks_k, sinks_v = state[f"sink.k.{layer}"], state[f"sink.v.{layer}"]
         has_blocks = num_blocks(state, layer) > 0
@@ -350,6 +350,24 @@ class InfLLM(MemoryMethod):
         top = torch.stack([part.amax(-1) for part in logits if part.shape[-1]]).amax(0)[..., None]
         total = torch.stack([part.sub_(top).exp_().sum(-1, keepdim=True) for part in logits]).sum(0)
         return [part.div_(total) for part in logits]  # a query that sees nothing (padding): a uniform row, no NaN
+
+    @staticmethod
+    def _tail_visibility(tail_valid: torch.Tensor, call: AttentionCall, q_len: int) -> torch.Tensor | None:
+        """Which stored local tokens each query sees, `[B|1, 1, 1|q, tail]` (None: all): the real ones, and in a
+        sliding-window layer (Mistral, Gemma2's local layers) only those its own window reaches, as the layer's own
+        mask does for the chunk's keys; so inside sinks + window the model stays the bare backbone."""
+        tail_len = tail_valid.shape[1]
+        visible = None if bool(tail_valid.all()) else tail_valid[:, None, None, :]
+        reach = call.kwargs.get("sliding_window")
+        if reach is None or not tail_len:
+            return visible
+        # query i stands (keys before it in this call) + i slots after the tail's end; tail slot j, tail_len - j before
+        offset = call.key.shape[2] - q_len + tail_len
+        distance = torch.arange(q_len, device=tail_valid.device)[:, None] + offset
+        near = (distance - torch.arange(tail_len, device=tail_valid.device)[None, :] < reach)[None, None]
+        if bool(near.all()):
+            return visible
+        return near if visible is None else visible & near
 
     def _matched(
         self, layer: int, state: State, context: AttentionContext, query_pre: torch.Tensor, query_valid: torch.Tensor
