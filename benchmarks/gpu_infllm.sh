@@ -75,6 +75,10 @@ round2)
   cell niah128 --tasks niah_single_noise --lengths 128k --samples 10
   cell pk128 --tasks passkey_standard --lengths 128k --samples 10
   cell multi --tasks niah_multikey niah_single --lengths 8k 32k --samples 10
+  cell match --reader-name infllm-match --infllm-fields match_blocks=4 --tasks niah_multikey niah_single \
+    --lengths 8k 32k --samples 10
+  cell int8 --reader-name infllm-int8 --infllm-fields store_dtype=int8 --tasks niah_single_noise --lengths 32k \
+    --samples 10
   cell mid --tasks niah_single_noise passkey_standard --lengths 8k 16k 64k --samples 10
   cell million --tasks passkey_standard --lengths 1024k --samples 3 --infllm-fields store_dtype=bfloat16 \
     --reader-name infllm-bf16store
