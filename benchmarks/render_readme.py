@@ -112,6 +112,27 @@ def infllm_cost() -> str | None:
     return cost_and_recall(rows) if rows else None
 
 
+def infllm_store() -> str | None:
+    """The store dtype's cost on a real document (`benchmarks/infllm_store.py`)."""
+    data = load("infllm_store")
+    if data is None:
+        return None
+    lines = [
+        f"`python benchmarks/infllm_store.py` ({commit(data)}): SmolLM2-135M reads the first {data['tokens']} tokens "
+        f"of *{data['document']}* (held out of the shipped adapters' training) with the default configuration; "
+        "scored: the next-token predictions past sinks + window (they read retrieved blocks).",
+        "",
+        "| store | perplexity | mean abs NLL change vs float32 | max abs NLL change | tokens scored |",
+        "|---|---|---|---|---|",
+    ]
+    for store, row in data["rows"].items():
+        lines.append(
+            f"| `{store}` | {row['perplexity_past_window']:.3f} | {row['mean_abs_nll_change_vs_float32']:.4f} | "
+            f"{row['max_abs_nll_change_vs_float32']:.4f} | {row['tokens_scored']} |"
+        )
+    return "\n".join(lines)
+
+
 def recall() -> str | None:
     data = load("recall")
     if data is None:
@@ -404,6 +425,7 @@ SECTIONS = {
     "infllm-headline": infllm,
     "infllm": infllm,
     "infllm-cost": infllm_cost,
+    "infllm-store": infllm_store,
     "support-matrix": support_matrix,
     "demo-results": demo,
     "recall": recall,
