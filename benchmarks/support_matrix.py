@@ -2,8 +2,8 @@
 
     python benchmarks/support_matrix.py      (about a minute on one CPU core)
 
-Each cell wraps the family's tiny random model (`tests/families.py`) with the method: a refusal records its
-reason (hybrids get their memory layers explicitly: `tests/families.py`); a wrapped cell records the largest difference
+Each cell wraps the family's tiny random model (`tests/tiny.py`) with the method: a refusal records its
+reason (hybrids get their memory layers explicitly: `tests/tiny.py`); a wrapped cell records the largest difference
 between its logits with memory disabled and the bare
 backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
 Per family, memory reads are checked exact: Transformer-XL with memory covering the document against the bare
@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 import hmt_adapters as ha  # noqa: E402
 from cases import METHOD_CASES  # noqa: E402
-from families import (  # noqa: E402
+from tiny import (  # noqa: E402
     FAMILY_NAMES,
+    FAMILY_VOCAB,
     STATE_OUTSIDE_ATTENTION,
-    VOCAB,
     family_backbone,
     layer_overrides,
     memory_read_error,
@@ -42,7 +42,7 @@ READ_TOLERANCE = 1e-5  # memory reads: fp32 noise is ~1e-7, another family's RoP
 
 def memory_reads(family: str, refused: bool) -> dict:
     """Whether memory reads are exact on `family`: Transformer-XL with memory covering the document against the bare
-    backbone (`tests/families.py::memory_read_error`); not run where attention memory is refused or where state
+    backbone (`tests/tiny.py::memory_read_error`); not run where attention memory is refused or where state
     outside attention (SSM layers) restarts every segment."""
     if refused:
         return {"outcome": "refused"}
@@ -54,7 +54,7 @@ def memory_reads(family: str, refused: bool) -> dict:
 
 def cell(method: str, family: str) -> dict:
     """`{"outcome": "yes" | "refused" | "wrong", ...}` for one method on one family."""
-    ids = torch.randint(0, VOCAB, (2, 2 * SEGMENT + 3), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, FAMILY_VOCAB, (2, 2 * SEGMENT + 3), generator=torch.Generator().manual_seed(0))
     base = family_backbone(family)
     with torch.no_grad():
         bare = torch.cat([base(input_ids=ids[:, s : s + SEGMENT]).logits for s in range(0, ids.shape[1], SEGMENT)], 1)

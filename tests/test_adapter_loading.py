@@ -21,9 +21,8 @@ from hmt_adapters.backbones.pretrained import smollm2_tokenizer
 from hmt_adapters.config import RUNTIME_SWITCHES, MemoryConfig
 from hmt_adapters.data import WindowCollator
 from hmt_adapters.saving import adapter_io
-from longcontext_tiny import tiny_llama, tiny_tokenizer
 from test_hub import hub_cache
-from tiny import random_ids, tiny_backbone
+from tiny import random_ids, tiny_backbone, tiny_llama, tiny_tokenizer
 
 HMT = dict(segment_length=8, sensory_length=2, memory_window=3, retrieval_dim=8)
 SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "adapters"

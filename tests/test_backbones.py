@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from families import FAMILY_NAMES, HYBRID_ATTENTION_LAYERS, REFUSED, VOCAB, family_backbone
 from hmt_adapters.attention import MEMORY_KWARG, AttentionContext
 from hmt_adapters.backbones import family as fam
 from hmt_adapters.backbones import get_backbone_adapter
+from tiny import FAMILY_NAMES, FAMILY_VOCAB, HYBRID_ATTENTION_LAYERS, REFUSED, family_backbone
 
 ATTENTION = tuple(f for f in FAMILY_NAMES if f not in REFUSED)
 # RoPE families whose whole state is attention (an SSM restarts every segment: no full read to compare with)
@@ -19,7 +19,7 @@ ROPE_FULL = tuple(f for f in ATTENTION if f not in ("opt", "gpt2", "gpt_bigcode"
 
 
 def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, FAMILY_VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

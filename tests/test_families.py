@@ -17,13 +17,13 @@ import transformers
 
 import hmt_adapters as ha
 from cases import METHOD_CASES
-from families import (
+from tiny import (
     FAMILY_NAMES,
+    FAMILY_VOCAB,
     HYBRID_ATTENTION_LAYERS,
     REFUSED,
     RELEASE_DEPENDENT,
     STATE_OUTSIDE_ATTENTION,
-    VOCAB,
     family_backbone,
     layer_overrides,
     memory_read_error,
@@ -61,7 +61,7 @@ LEAN = lean_cells()
 
 
 def ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, FAMILY_VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @functools.cache
@@ -108,7 +108,7 @@ def test_loss_gradients_and_streaming(method, family):
     x = ids(2, 4 * SEGMENT, seed=1)
     model.zero_grad()
     out = model(input_ids=x, labels=x)
-    hand = F.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+    hand = F.cross_entropy(out.logits[:, :-1].reshape(-1, FAMILY_VOCAB), x[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, hand, atol=1e-5, rtol=1e-5)
     params = dict(model.memory.named_parameters())  # K/V-store methods (transformer_xl, trams, ...) have none
     if params:
@@ -192,7 +192,7 @@ def test_the_readme_support_matrix_is_this_matrix():
     with open(MATRIX_JSON) as f:
         recorded = json.load(f)
     # the file is this matrix on the release it records; on another release, the families whose outcome depends on
-    # the release (tests/families.py RELEASE_DEPENDENT) are compared only where it records them
+    # the release (tests/tiny.py RELEASE_DEPENDENT) are compared only where it records them
     other = () if recorded["transformers"] == transformers.__version__ else RELEASE_DEPENDENT
     expected = {f"{m}/{f}": ("refused" if expected_refusal(m, f) else "yes") for m, f in CELLS if f not in other}
     cells = {key: cell["outcome"] for key, cell in recorded["cells"].items() if key.split("/")[1] not in other}

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from families import FAMILY_NAMES, REFUSED, STATE_OUTSIDE_ATTENTION, VOCAB, family_backbone, layer_overrides
 from hmt_adapters.attention import AttentionCall, AttentionContext, apply_rope
 from hmt_adapters.backbones.pretrained import smollm2_tokenizer
 from hmt_adapters.evaluation import TASKS
@@ -18,7 +17,16 @@ from hmt_adapters.evaluation.records import append_record, cell_table, load_reco
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
 from hmt_adapters.methods.unimem.infllm import InfLLM
-from tiny import random_ids, tiny_backbone
+from tiny import (
+    FAMILY_NAMES,
+    FAMILY_VOCAB,
+    REFUSED,
+    STATE_OUTSIDE_ATTENTION,
+    family_backbone,
+    layer_overrides,
+    random_ids,
+    tiny_backbone,
+)
 
 SMALL = {
     "segment_length": 16,
@@ -473,7 +481,7 @@ def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blo
     base = family_backbone(family)
     model = ha.wrap_with_memory(base, "infllm", **FAMILY_FIELDS, **layer_overrides("infllm", family)).eval()
     gen = torch.Generator().manual_seed(0)
-    short, long = (torch.randint(0, VOCAB, (2, n), generator=gen) for n in (27, 90))
+    short, long = (torch.randint(0, FAMILY_VOCAB, (2, n), generator=gen) for n in (27, 90))
     with torch.no_grad():
         # exact where positions are relative (RoPE): learned absolute positions (GPT-2, OPT, BigCode) restart every
         # segment, and SSM/convolution state (the hybrids) restarts every segment too

@@ -27,7 +27,7 @@ from hmt_adapters.evaluation import (
 )
 from hmt_adapters.evaluation.tasks import PASSKEY_HEAD, passkey, qa, variable_tracking
 from hmt_adapters.training import token_nll
-from longcontext_tiny import tiny_llama, tiny_tokenizer
+from tiny import tiny_llama, tiny_tokenizer
 
 HAYSTACKS = ("repeat", "essays")
 

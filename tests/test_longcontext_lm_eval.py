@@ -11,7 +11,7 @@ import torch
 import hmt_adapters as ha
 from hmt_adapters.evaluation import make_samples
 from hmt_adapters.training import token_nll
-from longcontext_tiny import tiny_llama, tiny_tokenizer
+from tiny import tiny_llama, tiny_tokenizer
 
 lm_eval = pytest.importorskip("lm_eval", reason="the `eval` extra (lm-eval) is part of `make install`")
 from lm_eval import simple_evaluate  # noqa: E402

@@ -15,7 +15,7 @@ from hmt_adapters.evaluation import Reader, accuracy_table, answer_rows, make_sa
 from hmt_adapters.evaluation.zero_shot import memory_policies, zero_shot_fields, zero_shot_readers
 from hmt_adapters.registry import get_method
 from hmt_adapters.training import token_nll
-from longcontext_tiny import tiny_llama, tiny_tokenizer
+from tiny import tiny_llama, tiny_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from families import family_backbone
 from hmt_adapters.training import add_lora, lora_target_modules
-from tiny import random_ids, tiny_backbone
+from tiny import family_backbone, random_ids, tiny_backbone
 
 HMT = dict(segment_length=8, sensory_length=2, memory_window=4)
 SWITCHES = [

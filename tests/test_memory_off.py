@@ -12,8 +12,7 @@ import torch
 import hmt_adapters as ha
 from hmt_adapters.evaluation.harness import MemoryLM
 from hmt_adapters.training.evaluation import token_nll
-from longcontext_tiny import tiny_llama, tiny_tokenizer
-from tiny import random_ids, tiny_backbone
+from tiny import random_ids, tiny_backbone, tiny_llama, tiny_tokenizer
 
 CASES = {
     "hmt": dict(segment_length=8, sensory_length=2, memory_window=4),

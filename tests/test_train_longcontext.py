@@ -13,7 +13,7 @@ import torch
 import hmt_adapters as ha
 from hmt_adapters.evaluation import load_haystack
 from hmt_adapters.evaluation.tasks import PASSKEY_HEAD
-from longcontext_tiny import tiny_llama, tiny_tokenizer
+from tiny import tiny_llama, tiny_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_longcontext.py"
 spec = importlib.util.spec_from_file_location("train_longcontext", SCRIPT)

@@ -18,8 +18,7 @@ from trl import SFTConfig, SFTTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 import hmt_adapters as ha
-from longcontext_tiny import tiny_llama, tiny_tokenizer
-from tiny import random_ids
+from tiny import random_ids, tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {

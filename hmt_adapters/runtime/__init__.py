@@ -4,8 +4,10 @@
   checkpointing, activation offload, the cross-segment next-token loss);
 - `stream.py`: `read_stream`, closed segments folded into the state, the open one handed back (`MemoryModel.step`);
 - `packing.py`: padded batches as per-row token streams (tensor layout only);
-- `generation.py`: `MemoryGenerationCache`, the cache HF `generate` carries (memory state of closed segments, the
-  backbone's cache of the open one);
+- `open_segment.py`: generation's reading: whole segments folded into memory, the open segment extended token by
+  token through the backbone's cache;
+- `generation.py`: `MemoryGenerationCache`, the cache HF `generate` carries (per group of rows, the memory state of
+  closed segments and the open segment; it computes nothing itself);
 - `offload.py`: per-segment activation offload to CPU.
 """
 
