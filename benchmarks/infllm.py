@@ -108,9 +108,10 @@ def deepest_first_then_by_depth(todo: list[tuple[dict, Any]]) -> list[tuple[dict
 
 
 def cost_and_recall(rows: list[dict[str, Any]]) -> str:
-    """Per (reader, task, length): mean wall and CPU seconds per 1k prompt tokens (answer generation included), the
-    largest peak RSS seen, and, for memory readers, how many of the layers had every needle readable at the question
-    (retrieval recall@k per layer; mean and minimum over samples)."""
+    """Per (reader, task, length): wall and CPU seconds per 1k prompt tokens the sample read itself (a sample that
+    continued from a shared haystack beginning read fewer: `shared_prefix_tokens`), answer generation included, as
+    sums over the cell; the largest peak RSS seen; and, for memory readers, how many of the layers had every
+    answer-holding needle readable at the question (retrieval recall@k per layer; mean and minimum over samples)."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         cells.setdefault((row["reader"], row["task"], int(row["length"]), row.get("device", "cpu")), []).append(row)
@@ -122,8 +123,10 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
         "|---" * 9 + "|",
     ]
     for (reader, task, length, device), group in sorted(cells.items()):
-        wall = sum(r["seconds_per_1k_tokens"] for r in group) / len(group)
-        cpu = [1000 * r["cpu_seconds"] / length for r in group if r.get("cpu_seconds") is not None]
+        read = [length - r.get("shared_prefix_tokens", 0) for r in group]
+        wall = 1000 * sum(r["seconds"] for r in group) / sum(read)
+        timed = [(r["cpu_seconds"], n) for r, n in zip(group, read) if r.get("cpu_seconds") is not None]
+        cpu = 1000 * sum(c for c, _ in timed) / sum(n for _, n in timed) if timed else None
         rss = max(r.get("peak_rss_mb", 0) for r in group) / 1024
         recall = [r["recall"] for r in group if r.get("recall")]
         found = (
@@ -132,7 +135,7 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
             if recall
             else "-"
         )
-        cpu_text = f"{sum(cpu) / len(cpu):.1f} (n={len(cpu)})" if cpu else "-"
+        cpu_text = f"{cpu:.1f} (n={len(timed)})" if cpu is not None else "-"
         lines.append(
             f"| `{reader}` | {task} | {length // 1024}k | {device} | {len(group)} | {wall:.1f} | {cpu_text} | "
             f"{rss:.2f} | {found} |"
