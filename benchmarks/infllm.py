@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=5, help="samples per (reader, task, length) cell")
     p.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=None,
+        help="these seeds instead of --seed .. --seed + --samples - 1 (sample i: depths[i %% len(depths)])",
+    )
     p.add_argument("--haystack", default=None, help="haystack for every task (default: each task's own)")
     p.add_argument("--context", type=int, default=None, help="the backbone reader's context (default: its config's)")
     p.add_argument(
@@ -175,10 +182,11 @@ def main() -> None:
     for length in args.lengths:
         for task in args.tasks:
             samples = []
-            for i in range(args.samples):
+            seeds = args.seeds or [args.seed + i for i in range(args.samples)]
+            for i, seed in enumerate(seeds):
                 # multi-needle tasks place their needles at random depths (the record's depth is None)
                 depth = args.depths[i % len(args.depths)] if task in SINGLE_NEEDLE_TASKS else None
-                kwargs = {"seed": args.seed + i, "depth": depth}
+                kwargs = {"seed": seed, "depth": depth}
                 if args.haystack:
                     kwargs["haystack"] = args.haystack
                 samples.append((kwargs, TASKS[task](tokenizer, length, **kwargs)))

@@ -225,6 +225,25 @@ def test_decoding_steps_keep_the_blocks_the_question_matched():
         wrap(backbone(), match_blocks=1, match_layer=1, memory_layers=[0])
 
 
+@pytest.mark.parametrize("length", [300, 288])  # the question's chunk open (12 tokens) or closed (a full segment)
+def test_decoding_steps_keep_the_blocks_the_question_retrieved(length):
+    model = wrap(backbone(), keep_question_blocks=True, match_queries=4)
+    model.memory.trace = {}
+    ids = random_ids(1, length, seed=1)
+    model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    for layer, calls in model.memory.trace.items():
+        question = next(c for c in calls if c["end"] == length)
+        decoding = [c for c in calls if c["end"] > length][: 3 if length == 300 else 2]  # before a segment closes
+        assert decoding and len(question["selected"][0]) == 2
+        for call in decoding:  # the question's 2 blocks besides the step's own top-2
+            assert set(question["selected"][0]) <= set(call["selected"][0]) and len(call["selected"][0]) == 4, layer
+    plain = wrap(backbone())
+    plain.memory.trace = {}
+    plain.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with_blocks = [c for c in plain.memory.trace[0] if c["blocks"] >= 2]
+    assert with_blocks and all(len(c["selected"][0]) == 2 for c in with_blocks)  # off by default: its own top-k
+
+
 def test_prompts_sharing_a_beginning_read_it_once_and_answer_as_alone():
     model = wrap(backbone())
     trunk, other = random_ids(1, 200, seed=4)[0].tolist(), random_ids(1, 200, seed=5)[0].tolist()

@@ -115,7 +115,8 @@ class InfLLM(MemoryMethod):
         count = 0 if reps is None else reps.shape[2]
         b = self.backbone
         want: tuple[int, ...]
-        for name in sorted(set(tensors) - set(own) - {"match"}):
+        kept = {f"keep.{i}" for i in self.layers}
+        for name in sorted(set(tensors) - set(own) - {"match"} - kept):
             parts = name.split(".")
             if parts[:2] == ["block", "valid"] and len(parts) == 3 and parts[2].isdigit():
                 index, want = int(parts[2]), (self.block,)
@@ -174,6 +175,7 @@ class InfLLM(MemoryMethod):
         query_global: torch.Tensor,
         query_valid: torch.Tensor,
         matched: torch.Tensor | None = None,
+        kept: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Indices `[B, Hs, k]` (Hs = 1 per layer or Hkv per key/value head) of the blocks whose representative keys
         best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks. With `matched`
@@ -193,6 +195,9 @@ class InfLLM(MemoryMethod):
             scores = scores.view(scores.shape[0], kv, -1, count).sum(2)
         if matched is not None:  # matched blocks rank first (each once), then InfLLM's ranking
             scores = scores.scatter(-1, matched[:, None, :].expand(-1, scores.shape[1], -1), float("inf"))
+        if kept is not None:  # the question's blocks, kept by decoding steps, rank first too
+            k = min(k + kept.shape[-1], count)
+            scores = scores.scatter(-1, kept.expand(-1, scores.shape[1], -1), float("inf"))
         return scores.topk(k, dim=-1).indices.sort(dim=-1).values
 
     def match_blocks(
@@ -282,7 +287,10 @@ class InfLLM(MemoryMethod):
             matched = None
             if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
                 matched = self._matched(layer, state, context, query_pre, query_valid)
-            chosen = self.select_blocks(layer, state, query_global, query_valid, matched)
+            kept = self._kept(layer, state, context, q_len) if self.config.keep_question_blocks else None
+            chosen = self.select_blocks(layer, state, query_global, query_valid, matched, kept)
+            if self.config.keep_question_blocks and q_len >= self.config.match_queries and chosen is not None:
+                context.notes[f"keep.{layer}"] = chosen  # this chunk ends in the question: its decoding keeps these
             g_k, g_v, g_m = sinks_k, sinks_v, state["sink.valid"][:, None, :]
             if chosen is not None:
                 b_k, b_v, b_m = self.gather_blocks(layer, state, chosen, query.device, g_k.dtype)
@@ -385,6 +393,14 @@ class InfLLM(MemoryMethod):
                 context.notes[MATCH_NOTE] = state["match"]
         return context.notes.get(MATCH_NOTE)
 
+    def _kept(self, layer: int, state: State, context: AttentionContext, q_len: int) -> torch.Tensor | None:
+        """With `keep_question_blocks`, a call of fewer than `match_queries` queries (a decoding step) reads the
+        blocks the last longer call of this layer retrieved (the chunk that ended in the question: this open
+        segment's first call, else the last closed segment's, kept in the state) besides its own top-k."""
+        if q_len >= self.config.match_queries:
+            return None
+        return context.notes.get(f"keep.{layer}", state.get(f"keep.{layer}"))
+
     def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
         """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
         rope = context.rope_at(torch.full((x.shape[0], 1), distance, device=x.device, dtype=torch.long), x)
@@ -429,6 +445,9 @@ class InfLLM(MemoryMethod):
             out[f"tail.score.{i}"] = torch.cat([score, received_own.detach().float()], dim=2)
         if MATCH_NOTE in context.notes:  # the blocks this segment matched stay the decoding steps' (see `_matched`)
             out["match"] = context.notes[MATCH_NOTE]
+        for i in self.layers:  # and the blocks it retrieved, with `keep_question_blocks` (see `_kept`)
+            if f"keep.{i}" in context.notes:
+                out[f"keep.{i}"] = context.notes[f"keep.{i}"]
         stored = self.stored(out)
         window_from = stored - self.window  # the next chunk's window start
         if (

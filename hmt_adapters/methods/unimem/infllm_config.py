@@ -60,7 +60,13 @@ class InfLLMConfig(MemoryConfig):
             question's words (a name) where block representatives see only which blocks are unusual
             (docs/infllm.md, "Question-aware blocks"). 0: InfLLM's ranking alone.
         match_layer (`int`, defaults to 0): The memory layer whose stored keys rank the `match_blocks`.
-        match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query.
+        match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query; a call
+            with fewer queries (a decoding step) keeps the blocks of the last call with more (`match_blocks`,
+            `keep_question_blocks`).
+        keep_question_blocks (`bool`, defaults to `False`):
+            Beyond InfLLM: each decoding step reads, besides its own top-k (InfLLM ranks blocks anew for every
+            generated token), the blocks the chunk that ended in the question retrieved in the same layer, so an
+            answer copied over several tokens keeps its source in view (docs/infllm.md).
     """
 
     segment_length: int = field(default=512, metadata={"help": "Execution chunk (tokens per call).", "min": 1})
@@ -92,6 +98,9 @@ class InfLLMConfig(MemoryConfig):
     )
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
+    keep_question_blocks: bool = field(
+        default=False, metadata={"help": "Decoding steps also read the question chunk's blocks."}
+    )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
 
     @property
