@@ -62,10 +62,22 @@ def _convert_smollm2(target: str) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    publish_folder(tmp, target)
+
+
+def publish_folder(tmp: str, target: str, marker: str = "model.safetensors") -> None:
+    """Rename the finished folder `tmp` to `target`. Two processes converting at once on a fresh machine: the one
+    that renames second finds the first's folder in place (a rename is atomic, so a folder at `target` holding
+    `marker` is whole), drops its own copy and uses that one."""
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isfile(os.path.join(target, marker)):
+            raise
 
 
 def smollm2(
