@@ -1,7 +1,8 @@
 """`MemoryConfig`: the fields every memory method shares, their validation and the JSON round trip.
 
 Each field declares its constraints in `metadata` (`min`, `max`, `choices`, `nullable`); one validator checks them
-all, so a bad value always raises a `ValueError` that names the field, the value and what is allowed.
+all, so a bad value always raises a `ValueError` that names the field, the value and what is allowed. Two more keys
+say how a field is saved: `runtime` (never saved) and `added` (a saved file may predate it).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -105,6 +107,8 @@ class MemoryConfig:
     `model.gradient_checkpointing_enable()`, but not saved with the adapter.
     """
 
+    # The registered method string this config selects, also the `"method"` key of `memory_config.json`. One
+    # method per class sets it here; a class with several presets (UniMem) answers per instance with a property.
     method: ClassVar[str] = ""
 
     segment_length: int = field(default=512, metadata={"help": "Real tokens per segment.", "min": 1})
@@ -132,7 +136,7 @@ class MemoryConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields plus `method`, ready for JSON."""
-        out: dict[str, Any] = {"method": self.method_name}
+        out: dict[str, Any] = {"method": self.method}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
@@ -140,7 +144,8 @@ class MemoryConfig:
 
     @property
     def method_name(self) -> str:
-        """The method string this config selects (a preset name for multi-preset configs)."""
+        """Deprecated alias of `method` (one name for the method string)."""
+        warnings.warn("`config.method_name` is deprecated; use `config.method`.", FutureWarning, stacklevel=2)
         return self.method
 
     @classmethod
@@ -165,6 +170,13 @@ class MemoryConfig:
         method's fields marked `"runtime": True` (e.g. where InfLLM keeps its store)."""
         marked = tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("runtime"))
         return RUNTIME_SWITCHES + marked
+
+    @classmethod
+    def added_fields(cls) -> tuple[str, ...]:
+        """Fields added after files of the method were first written (field metadata `"added": True`): a saved
+        config without one reads its default, which is what the package that wrote the file did. Every other field
+        must be in the file (a hand-edited file missing one is refused rather than guessed)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("added"))
 
     def to_json_string(self, **metadata: Any) -> str:
         """The JSON written to `memory_config.json`: the fields without the runtime switches, plus `metadata`."""

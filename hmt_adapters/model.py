@@ -187,7 +187,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     @property
     def method(self) -> str:
-        return self.memory_config.method_name
+        return self.memory_config.method
 
     def memory_parameters(self) -> Iterator[nn.Parameter]:
         """The trainable memory parameters (not the backbone, not LoRA)."""

@@ -72,4 +72,4 @@ def available_methods() -> list[str]:
 
 def method_for_config(config: MemoryConfig) -> MethodEntry:
     """The registry entry a config object belongs to."""
-    return get_method(config.method_name)
+    return get_method(config.method)

@@ -15,9 +15,18 @@ def test_every_config_round_trips_through_json(method, tmp_path):
     config = get_method(method).make_config(method, segment_length=16, bptt_depth=3)
     path = config.save(tmp_path, base_model_name_or_path="some/model")
     data = json.loads(path and open(path).read())
-    assert data["method"] == method and data["base_model_name_or_path"] == "some/model"
+    assert data["method"] == method == config.method and data["base_model_name_or_path"] == "some/model"
     assert ha.MemoryConfig.from_json_file(path) == config
     assert ha.MemoryConfig.from_dict(config.to_dict()) == config
+
+
+def test_every_config_names_its_method_in_one_attribute():
+    """`config.method` is the method string for every class, presets included (UniMem's was "" before)."""
+    assert ha.UniMemConfig().method == "transformer_xl" and ha.UniMemConfig(preset="unimix").method == "unimix"
+    assert ha.TRAMSConfig().method == "trams" and ha.InfLLMConfig().method == "infllm"
+    assert ha.HMTConfig().method == ha.HMTConfig.method == "hmt"
+    with pytest.warns(FutureWarning, match="use `config.method`"):
+        assert ha.UniMemConfig(preset="trams").method_name == "trams"
 
 
 def test_config_objects_and_method_strings_build_the_same_model():

@@ -155,7 +155,7 @@ def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
     assert "- hmt" in card and "| `sensory_length` | `2` |" in card and "| `memory_window` | `3` |" in card
     assert 'MemoryModel.from_pretrained(base, "me/smol-hmt")' in card
     assert (
-        "from transformers import AutoModelForCausalLM\n"
+        "from transformers import AutoModelForCausalLM\n\n"
         'base = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")'
     ) in card
     assert 'AutoMemoryModelForCausalLM.from_pretrained("me/smol-hmt")' in card
@@ -170,7 +170,7 @@ def test_a_card_for_a_base_this_package_builds_names_its_hub_origin_and_the_code
     base.config._name_or_path = SMOLLM2_NAME
     card = str(render_model_card(ha.wrap_with_memory(base, "rmt", segment_length=8), repo_id="me/smol-rmt"))
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card
-    assert "import hmt_adapters\nbase = hmt_adapters.backbones.smollm2()[0]\nmodel = " in card
+    assert "import hmt_adapters\n\nbase = hmt_adapters.backbones.smollm2()[0]\nmodel = " in card
     assert "AutoModelForCausalLM" not in card
 
 

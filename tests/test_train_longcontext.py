@@ -31,7 +31,7 @@ def passkey_batch(size: int = 2, segments: int = 6, depths: list[float] | None =
 @pytest.mark.parametrize("method", ha.available_methods())
 def test_every_registered_method_trains_one_step(method):
     model = recipe.build_model(tiny_llama(len(tiny_tokenizer())), method, SEGMENT, 6, SMALL.get(method))
-    assert model.memory_config.method_name == method and model.memory_config.segment_length == SEGMENT
+    assert model.memory_config.method == method and model.memory_config.segment_length == SEGMENT
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     data, _ = passkey_batch()

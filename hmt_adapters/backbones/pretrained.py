@@ -132,6 +132,6 @@ KNOWN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerBase]] = {SMOLLM2_NA
 def base_model_code(name: str | None) -> str:
     """The Python lines that import what they need and build the base model `name` as `base` (for model cards)."""
     if name in KNOWN_BASES:
-        return f"import hmt_adapters\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
+        return f"import hmt_adapters\n\nbase = hmt_adapters.backbones.{KNOWN_BASES[name][1]}"
     base = name or "<base model>"
-    return f'from transformers import AutoModelForCausalLM\nbase = AutoModelForCausalLM.from_pretrained("{base}")'
+    return f'from transformers import AutoModelForCausalLM\n\nbase = AutoModelForCausalLM.from_pretrained("{base}")'

@@ -21,6 +21,7 @@ from transformers import GenerationConfig
 from ..state import MemoryState, merge_rows, select_rows
 from .open_segment import OpenSegment, can_extend, extend, fold, fold_last
 from .packing import Packing, align_ends
+from .segments import closed_part
 
 if TYPE_CHECKING:
     from ..model import MemoryModel
@@ -174,7 +175,7 @@ class MemoryGenerationCache:
         packing = Packing.of(torch.cat([before_mask.long(), mask.long()], dim=1))
         packed, counts = packing.pack(torch.cat([before_ids, ids], dim=1)), packing.counts
         out = []
-        offsets = counts % self.segment_length
+        offsets = counts - closed_part(counts, self.segment_length)
         for offset in torch.unique(offsets).tolist():
             local = (offsets == offset).nonzero().squeeze(1)
             sub = RowGroup(self.model, select_rows(group.state, local), group.rows[local])
@@ -260,7 +261,7 @@ class RowGroup:
             mask = torch.cat([self.open.mask, mask], dim=1)
             if not can_extend(runtime, self.open, ids.shape[1] - self.open.ids.shape[1]):
                 self.open = None
-        full = (ids.shape[1] // length) * length
+        full = closed_part(ids.shape[1], length)
         if full and full == ids.shape[1]:
             self.open = None
             self.state = fold(runtime, ids[:, : full - length], mask[:, : full - length], self.state)

@@ -35,6 +35,13 @@ def segment_spans(length: int, segment_length: int) -> list[tuple[int, int]]:
     return [(s, min(s + segment_length, length)) for s in range(0, length, segment_length)]
 
 
+def closed_part(tokens, segment_length: int):
+    """The closing rule, one place for every reader (forward, streaming, generation): of `tokens` (an int or a
+    tensor of per-row counts) the first `closed_part` fill whole segments and are folded into memory; the rest stays
+    in the open segment until it fills."""
+    return tokens // segment_length * segment_length
+
+
 def shift_targets(labels: torch.Tensor) -> torch.Tensor:
     """Next-token targets over the whole input: position t predicts `labels[t + 1]`; the last has none."""
     pad = labels.new_full((labels.shape[0], 1), IGNORE_INDEX)

@@ -354,7 +354,7 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
             allowed,
             f" (neither a loading option nor a field of {entry.config_cls.__name__})",
         )
-    missing = sorted(set(fields) - set(data) - set(overrides) - set(switches))
+    missing = sorted(set(fields) - set(data) - set(overrides) - set(switches) - set(entry.config_cls.added_fields()))
     if missing:
         raise ValueError(
             f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "
@@ -465,7 +465,7 @@ def load_adapter(
     overrides = kwargs
     config, meta = read_adapter_config(folder, overrides, source)
     check_base(meta, get_backbone_adapter(base_model), source)
-    weights = _read_weights(folder, config.method_name)
+    weights = _read_weights(folder, config.method)
     if os.path.isfile(os.path.join(folder, LORA_CONFIG_NAME)):
         if not inplace:
             base_model = copy.deepcopy(base_model)  # peft injects its layers into the model it is given
@@ -494,7 +494,7 @@ def _load_memory_weights(
     override that changes the method's weights (`overridden`: field -> (saved, given)), or a config and a weights file
     of two different saves."""
     expected = model.memory.state_dict()
-    method = model.memory_config.method_name
+    method = model.memory_config.method
     given = ", ".join(f"{k}={v[1]!r} (saved: {v[0]!r})" for k, v in sorted(overridden.items()))
     for name, tensor in weights.items():
         if name not in expected or expected[name].shape == tensor.shape:

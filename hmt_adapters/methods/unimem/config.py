@@ -173,7 +173,7 @@ class UniMemConfig(MemoryConfig):
     detach_memory: bool = field(default=True, metadata={"help": "Stop gradients into stored keys/values."})
 
     @property
-    def method_name(self) -> str:
+    def method(self) -> str:  # type: ignore[override]  # a preset per instance, not one string per class
         return self.preset
 
     def __eq__(self, other: object) -> bool:
