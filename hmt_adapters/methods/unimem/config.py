@@ -31,7 +31,7 @@ READING_KNOBS = {
     "trams": ("select_size", "recent_keep"),
 }
 # "compact" packs the read entries just before the segment: defined for readings whose entries are shared by all
-# queries and kept in stream order (TRAMS code; docs/attention_memory.md); per-query top-k entries have no such order.
+# queries and kept in stream order (docs/attention_memory.md, Positions); per-query top-k entries have no such order.
 COMPACT_READINGS = ("all", "window", "trams")
 
 
@@ -43,7 +43,8 @@ def _preset_defaults(preset: str, segment_length: int) -> dict[str, Any]:
     reads the top 32 by q.k in the middle and last layer (code layers 11, 21 of 22), keys at position 0; UniMix keeps
     10 segments, reads a window of L plus 4 global plus top 4 in the upper half (code 11..21 of 22) and adds 40 RMT
     tokens; TRAMS keeps a pool M = 8L and attends to m = M/2 (the paper's M = 2m; our LLM example
-    n = 512, M = 4096, m = 2048), keeping the newest 3/4 of m and selecting 1/4 (the code's r = 150, k = 50).
+    n = 512, M = 4096, m = 2048), keeping the newest 3/4 of m and selecting 1/4 (r = 150, k = 50 in TRAMS' release;
+    docs/attention_memory.md).
     """
     L = segment_length
     base = {"window": L, "global_tokens": 4, "topk": 4, "memory_tokens": 0, "positions": "pos0"}
@@ -96,8 +97,9 @@ class UniMemConfig(MemoryConfig):
             depth: all (XL, TRAMS), the middle and the last layer (Memorizing), the upper half (UniMix).
         positions (`str`, *optional*):
             RoPE positions of memory keys relative to the segment's queries: `"original"` (true stream distances),
-            `"compact"` (read entries contiguous just before the segment, TRAMS code), `"pos0"` (every memory key
-            at position 0, UniMem code). Preset: original (XL), compact (TRAMS), pos0 (Memorizing, UniMix).
+            `"compact"` (read entries contiguous just before the segment, as TRAMS), `"pos0"` (every memory key
+            at position 0, as UniMem; docs/attention_memory.md, Positions). Preset: original (XL), compact (TRAMS),
+            pos0 (Memorizing, UniMix).
             Learned-position backbones (OPT, GPT-2) keep the positions their keys were computed at.
         reading (`str`, *optional*):
             Memory reading: `"all"`, `"window"` (entries at distance <= `window` from the query), `"global"` (the
@@ -111,9 +113,10 @@ class UniMemConfig(MemoryConfig):
             TRAMS: memory tokens attended (`m`) out of `memory_size` (`M`). Preset: `memory_size // 2`.
         recent_keep (`int`, *optional*):
             TRAMS: the newest `r` of the pool are always kept; the other `select_size - r` are the top of the
-            metric among the older ones. Preset: `3 * select_size // 4` (the code's 150 of 200).
+            metric among the older ones. Preset: `3 * select_size // 4` (150 of 200 in TRAMS' release).
         select_score (`str`, defaults to `"code"`):
-            TRAMS metric: `"code"` (released code, norm(K') * |1.K'|), `"paper"` (1.K' / sqrt(D)) or `"norm"`.
+            TRAMS metric: `"code"` (TRAMS' release, norm(K') * |1.K'|; docs/attention_memory.md), `"paper"`
+            (1.K' / sqrt(D)) or `"norm"`.
         select_per (`str`, defaults to `"query_head"`):
             TRAMS with grouped-query attention: select per query head (memory grows to the query heads) or once
             per key/value head (the group's scores summed).

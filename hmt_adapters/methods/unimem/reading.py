@@ -2,10 +2,11 @@
 
 Every reader turns one layer's FIFO (pre-RoPE keys, values, stream positions, validity) into a `MemoryRead`:
 - `all`: every valid entry;
-- `union` of a sliding `window` (entries at stream distance <= w from the query; UniMem code, where Eq. 3 counts L
-  keys), the first `global_tokens` entries of the buffer (UniMem `global_pos='beginning'`, they move under FIFO) and,
-  per query and head, the `topk` entries of largest q.k among the rest (exact, no gradient through the indices);
-  `window`, `global` and `topk` reading are unions with the other parts switched off;
+- `union` of a sliding `window` (entries at stream distance <= w from the query; docs/attention_memory.md, Reading
+  rules; UniMem Eq. 3 counts L keys), the first `global_tokens` entries of the buffer (UniMem's "beginning" global
+  entries; they move under FIFO) and, per query and head, the `topk` entries of largest q.k among the rest (exact,
+  no gradient through the indices); `window`, `global` and `topk` reading are unions with the other parts switched
+  off;
 - `trams`: the query-independent TRAMS selection (`trams.py`), shared by all queries.
 Keys are rotated at the positions of the configured scheme (`SegmentFrame.key_positions`).
 """
@@ -36,7 +37,8 @@ class SegmentFrame:
 
     def query_positions(self, call: AttentionCall) -> torch.Tensor:
         """Stream positions `[B, q]` of the call's queries, from their window positions: read tokens count as the
-        segment's first token, write tokens continue after its last (distances count real tokens, as UniMem's code).
+        segment's first token, write tokens continue after its last (distances count real tokens;
+        docs/attention_memory.md, Positions).
         Taken from the call, so a segment decoded token by token (generation) gets the same distances."""
         window_pos = call.kwargs.get("position_ids")
         if window_pos is None:  # no padding: the queries are the newest slots of the window
@@ -48,8 +50,7 @@ class SegmentFrame:
         """Window positions to rotate read entries at, given their stream positions `[B, (H,) S]`; None = as stored.
 
         `original` keeps true distances; `compact` packs the S read entries just before the segment (entry t at
-        distance S + i - t from query i; TRAMS code; docs/attention_memory.md); `pos0` leaves keys unrotated (UniMem
-        code).
+        distance S + i - t from query i); `pos0` leaves keys unrotated (docs/attention_memory.md, Positions).
         """
         if self.scheme == "pos0":
             return None

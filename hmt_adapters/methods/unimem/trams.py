@@ -22,13 +22,14 @@ def trams_scores(
     """The TRAMS metric of every pool token, `[B, Hq, M]` (`select_per="query_head"`) or `[B, Hkv, M]`.
 
     Args:
-        keys: `[B, Hkv, M, Dh]` content keys of the pool (pre-RoPE; no position term, as the code).
+        keys: `[B, Hkv, M, Dh]` content keys of the pool (pre-RoPE; no position term, as in TRAMS' release;
+            docs/attention_memory.md).
         w_q: `[Hq * Dh, D]` query projection of the layer.
         norm_weight: `[D]` weight of the norm before attention, folded in as `K'' = gamma * K'`
             (docs/attention_memory.md: the query side is then the unit-RMS input, whose norm is constant), or None to
             use `W_q` as is.
         num_heads: query heads `Hq`; query head h reads key/value head `h // (Hq / Hkv)`.
-        score: `"code"` = `|K'| * |1^T K'|` (released code, the default: its numbers are the reported ones),
+        score: `"code"` = `|K'| * |1^T K'|` (TRAMS' release, the default: its numbers are the reported ones),
             `"paper"` = `1^T K' / sqrt(D)` (signed), `"norm"` = `|K'|` (the paper's Fig. 3 baseline).
         select_per: `"kv_head"` sums each group's query-head scores into one score per key/value head.
     """
