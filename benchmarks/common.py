@@ -3,6 +3,7 @@ and the results files (JSON with the run's provenance, plus a PNG)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -182,3 +184,15 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def parse_field(text: str) -> tuple[str, Any]:
+    """`name=value` (a config field on the command line) with value read as JSON where it parses (numbers,
+    true/false, null), else as a string."""
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"config field {text!r} is not name=value")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value

@@ -19,7 +19,6 @@ Readers:
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
-from common import provenance  # noqa: E402
+from common import parse_field, provenance  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
@@ -40,17 +39,6 @@ from longcontext import parse_length  # noqa: E402
 
 READERS = ("backbone", "infllm")
 DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
-
-
-def parse_field(text: str) -> tuple[str, Any]:
-    """`name=value` with value read as JSON where it parses (numbers, true/false, null), else as a string."""
-    name, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"config field {text!r} is not name=value")
-    try:
-        return name, json.loads(value)
-    except json.JSONDecodeError:
-        return name, value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,9 +8,13 @@ model predicts text that far into a document. Runs:
   by default the adapter's text window `segment_length + sensory_length` (the tokens HMT's window holds);
 - `backbone_segmented`: the bare backbone on each segment alone (`model.disable_memory()`);
 - one run per adapter (`--adapters hmt=path rmt=path`), each on its own copy of the backbone (LoRA included); an
-  adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window.
+  adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window;
+- `infllm` with `--infllm [NAME=VALUE ...]`: the training-free block retrieval (docs/infllm.md) on a copy of the
+  backbone, with those config fields.
 
     python benchmarks/ppl_vs_length.py --adapters hmt=examples/adapters/smollm2-hmt --corpus austen --max-length 32768
+    python benchmarks/ppl_vs_length.py --infllm --window 8192 --stride 2048 --corpus kjv --documents 1 \
+        --name ppl_infllm_kjv
 
 Writes `benchmarks/results/ppl_vs_length[_<corpus>].json` and `.png`.
 """
@@ -27,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
-from common import pyplot, write_result  # noqa: E402
+from common import parse_field, pyplot, write_result  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402
@@ -80,6 +84,14 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     p.add_argument("--window", type=int, default=None, help="sliding-window size (default: segment + sensory)")
     p.add_argument("--stride", type=int, default=32)
+    p.add_argument(
+        "--infllm",
+        nargs="*",
+        type=parse_field,
+        default=None,
+        metavar="NAME=VALUE",
+        help="also run the training-free `infllm` reader, with these config fields",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--name", default=None, help="results file name (default ppl_vs_length_<corpus>)")
     args = p.parse_args()
@@ -104,6 +116,9 @@ def main() -> None:
         runs[name] = lambda ids, m=model: token_nll(m, ids)
         if model.method == "rmt" and model.memory_config.num_memory_tokens == 0:
             runs[f"{name}_sliding_window"] = sliding(model.base_model)
+    if args.infllm is not None:
+        infllm = ha.wrap_with_memory(copy.deepcopy(base), "infllm", **dict(args.infllm)).eval()
+        runs["infllm"] = lambda ids: token_nll(infllm, ids)
     result = {
         "corpus": args.corpus,
         "documents": [{"title": t, "tokens": d.numel()} for t, d in documents],
@@ -113,6 +128,7 @@ def main() -> None:
         "adapters": {
             name: {"path": path, "config": models[name].memory_config.to_dict()} for name, path in adapters.items()
         },
+        "infllm": None if args.infllm is None else infllm.memory_config.to_dict(),
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
         "runs": evaluate(runs, documents, args.lengths),
     }
