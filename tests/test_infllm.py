@@ -348,9 +348,44 @@ def test_int8_store_quantizes_blocks_per_token_and_head_and_reads_close_to_float
     assert again.memory_config.store_device == "cpu"
 
 
+@pytest.mark.parametrize("store_dtype", [None, "int8"])
+def test_blocks_past_the_ram_budget_live_in_memory_mapped_files_and_read_the_same(tmp_path, store_dtype):
+    base = backbone()
+    ids = random_ids(1, 224, seed=5)
+    block_bytes = (
+        2 * 2 * 8 * 8 * (1 if store_dtype == "int8" else 4) * 2
+    )  # K and V, 2 heads x 8 tokens x 8 dims, 2 layers
+    in_ram = wrap(base, store_dtype=store_dtype)
+    on_disk = wrap(
+        base, store_dtype=store_dtype, store_disk=str(tmp_path / "blocks"), store_ram_gb=2.5 * block_bytes / 1e9
+    )
+    with torch.no_grad():
+        reference, ram_state = in_ram.step(ids)
+        out, state = on_disk.step(ids)
+        streamed, _ = on_disk.step(ids[:, 200:], on_disk.step(ids[:, :200])[1])
+    torch.testing.assert_close(out.logits, reference.logits, atol=0, rtol=0)
+    torch.testing.assert_close(streamed.logits, reference.logits[:, 200:], atol=0, rtol=0)
+    blocks = state.tensors["repr.0"].shape[2]
+    files = [state.tensors[f"block.k.{i}.{b}"].untyped_storage().filename for b in range(blocks) for i in (0, 1)]
+    assert blocks > 3 and files[:4] == [None] * 4  # the first two blocks fit the budget of 2.5 blocks
+    assert all(f is not None and f.startswith(str(tmp_path / "blocks")) for f in files[4:])
+    assert all(torch.equal(state.tensors[k], ram_state.tensors[k]) for k in ram_state.tensors)
+    assert list((tmp_path / "blocks").iterdir()) == []  # each page file is unlinked once it is mapped
+    state.save(tmp_path / "state")  # a state with file-backed blocks saves and loads like any other
+    assert torch.equal(
+        ha.MemoryState.load(tmp_path / "state").tensors[f"block.v.1.{blocks - 1}"],
+        state.tensors[f"block.v.1.{blocks - 1}"],
+    )
+    on_disk.save_pretrained(tmp_path / "adapter")  # where this process keeps its store is not saved
+    saved = json.loads((tmp_path / "adapter" / "memory_config.json").read_text())
+    assert "store_disk" not in saved and "store_ram_gb" not in saved
+
+
 @pytest.mark.parametrize(
     "fields, words",
     [
+        ({"store_ram_gb": 1.0}, ["store_ram_gb", "store_disk", "None"]),
+        ({"store_disk": "/tmp/x", "store_device": "cuda"}, ["store_disk", "cuda", "store_device='cpu'"]),
         ({"select_per": "head"}, ["select_per", "layer", "kv_head"]),
         ({"store_dtype": "int4"}, ["store_dtype", "bfloat16", "int8"]),
         ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),

@@ -29,6 +29,7 @@ import torch
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
 from ...memory.attend import head_mix, head_scores
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
+from .disk_store import DiskPages
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
@@ -68,6 +69,7 @@ class InfLLM(MemoryMethod):
             raise ValueError(
                 f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}."
             )
+        self.disk = None if config.store_disk is None else DiskPages(config.store_disk)
         # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
         self.trace: dict[int, list[dict[str, Any]]] | None = None
 
@@ -475,12 +477,17 @@ class InfLLM(MemoryMethod):
         return out
 
     def _store_block(self, out: State, layer: int, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Block `index` of `layer` into `out`: quantized for the int8 store, on `store_device`."""
+        """Block `index` of `layer` into `out`: quantized for the int8 store, on `store_device`, and in a
+        memory-mapped file once the blocks before it fill `store_ram_gb` (`store_disk`)."""
         device = self.config.store_device or keys.device
         if self.config.store_dtype == "int8":
             (keys, k_scale), (values, v_scale) = quantize(keys), quantize(values)
             out[f"block.ks.{layer}.{index}"], out[f"block.vs.{layer}.{index}"] = k_scale.to(device), v_scale.to(device)
-        out[f"block.k.{layer}.{index}"], out[f"block.v.{layer}.{index}"] = keys.to(device), values.to(device)
+        keys, values = keys.to(device), values.to(device)
+        block_bytes = (keys.nbytes + values.nbytes) * len(self.layers)  # one block of every memory layer
+        if self.disk is not None and (index + 1) * block_bytes > (self.config.store_ram_gb or 0) * 1e9:
+            keys, values = self.disk.place(keys), self.disk.place(values)
+        out[f"block.k.{layer}.{index}"], out[f"block.v.{layer}.{index}"] = keys, values
 
     def _cut_block(self, state: State) -> State:
         """The first `block_size` tail tokens become a block with one representative key per query head."""

@@ -52,6 +52,13 @@ class InfLLMConfig(MemoryConfig):
         store_device (`str`, *optional*):
             Where blocks are kept, e.g. `"cpu"` for a model on a GPU: only the blocks a chunk retrieves travel to the
             model's device (`None`: the model's device). A runtime switch: not saved with the adapter.
+        store_disk (`str`, *optional*):
+            A directory: blocks past the first `store_ram_gb` GB are copied into memory-mapped files there, so a
+            document larger than RAM fits (`None`: every block in memory). The files are unlinked once mapped, so
+            nothing is left behind. Needs the blocks on the CPU. A runtime switch: not saved with the adapter.
+        store_ram_gb (`float`, *optional*):
+            With `store_disk`, the GB of blocks (all memory layers, after `store_dtype`) kept in RAM before the rest
+            go to disk (`None`: 0, every block on disk). A runtime switch: not saved with the adapter.
         match_blocks (`int`, defaults to 0):
             Beyond InfLLM, for documents with look-alike passages: this many more blocks per chunk, chosen in layer
             `match_layer` by their best single token's match with the mean of the chunk's last `match_queries`
@@ -96,6 +103,25 @@ class InfLLMConfig(MemoryConfig):
             "runtime": True,
         },  # where this process keeps the store, not part of the adapter: not saved
     )
+    store_disk: str | None = field(
+        default=None,
+        metadata={
+            "help": "Directory of memory-mapped blocks past store_ram_gb.",
+            "type": str,
+            "nullable": True,
+            "runtime": True,
+        },
+    )
+    store_ram_gb: float | None = field(
+        default=None,
+        metadata={
+            "help": "GB of blocks kept in RAM before store_disk.",
+            "type": float,
+            "min": 0,
+            "nullable": True,
+            "runtime": True,
+        },
+    )
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
     keep_question_blocks: bool = field(
@@ -117,6 +143,20 @@ class InfLLMConfig(MemoryConfig):
                     f"`store_device` must name a torch device (e.g. 'cpu', 'cuda:0') or be None, got "
                     f"{self.store_device!r}."
                 ) from err
+        if self.store_ram_gb is not None and self.store_disk is None:
+            raise ValueError(
+                f"`store_ram_gb` ({self.store_ram_gb}) is the RAM kept before blocks go to "
+                "`store_disk`, which is None: set `store_disk` to a directory, or leave `store_ram_gb` unset."
+            )
+        if (
+            self.store_disk is not None
+            and self.store_device is not None
+            and torch.device(self.store_device).type != "cpu"
+        ):
+            raise ValueError(
+                f"`store_disk` keeps blocks in CPU memory-mapped files, but `store_device` is {self.store_device!r}: "
+                "use store_device='cpu' (or None with a model on the CPU)."
+            )
         if self.match_blocks and self.memory_layers is not None and self.match_layer not in self.memory_layers:
             raise ValueError(
                 f"`match_layer` ({self.match_layer}) must be one of `memory_layers` {list(self.memory_layers)}: "
