@@ -421,7 +421,36 @@ def version_matrix() -> str | None:
     return "\n".join(lines)
 
 
+def infllm_books() -> str | None:
+    """Book perplexity with block retrieval against the bare model's sliding window
+    (`benchmarks/ppl_vs_length.py --infllm`, one results file per corpus)."""
+    found = [(c, load(f"ppl_infllm_{c}")) for c in ("kjv", "austen")]
+    found = [(c, d) for c, d in found if d is not None]
+    if not found:
+        return None
+    runs = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
+    lines = []
+    for corpus, data in found:
+        doc = data["documents"][0]
+        lengths = list(data["runs"]["infllm"]["ppl"])
+        lines += [
+            f"`python benchmarks/ppl_vs_length.py --infllm --window {data['window']} --stride {data['stride']} "
+            f"--corpus {corpus} --documents 1 --name ppl_infllm_{corpus}` ({commit(data)}): *{doc['title']}* "
+            f"({doc['tokens']} tokens, held out of the shipped adapters' training); perplexity of the tokens in "
+            f"(C/2, C]; the bare model sees the last {data['window'] - data['stride']} to {data['window']} tokens.",
+            "",
+            "| reader | " + " | ".join(lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|",
+        ]
+        for run, label in runs.items():
+            ppl = data["runs"][run]["ppl"]
+            lines.append(f"| {label} | " + " | ".join(f"{ppl[c]['bin']:.2f}" for c in lengths) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 SECTIONS = {
+    "infllm-books": infllm_books,
     "infllm-headline": infllm,
     "infllm": infllm,
     "infllm-cost": infllm_cost,

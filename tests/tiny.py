@@ -32,34 +32,22 @@ from hmt_adapters.evaluation.haystack import REPEAT_FILLER
 VOCAB = 96
 MAX_POSITIONS = 64
 
+# the shape every tiny attention model shares (the family matrix adds each family's quirk to it)
+_DIMS = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=MAX_POSITIONS,
+)
+_GPT2_STYLE = dict(n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POSITIONS)
+_NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
 CONFIGS = {
-    "llama": LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
-    ),
-    "qwen2": Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
-    ),
-    "mistral": MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
-    ),
+    "llama": LlamaConfig(vocab_size=VOCAB, **_DIMS),
+    "qwen2": Qwen2Config(vocab_size=VOCAB, **_DIMS),
+    "mistral": MistralConfig(vocab_size=VOCAB, **_DIMS),
     # word_embed_proj_dim != hidden_size: memory lives in the 16-wide embedding space
     "opt": OPTConfig(
         vocab_size=VOCAB,
@@ -74,18 +62,7 @@ CONFIGS = {
         activation_dropout=0.0,
         layerdrop=0.0,
     ),
-    "gpt2": GPT2Config(
-        vocab_size=VOCAB,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        n_positions=MAX_POSITIONS,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    ),
+    "gpt2": GPT2Config(vocab_size=VOCAB, **_GPT2_STYLE, **_NO_DROPOUT, bos_token_id=0, eos_token_id=0),
     "mamba": MambaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -129,19 +106,12 @@ FAMILY_VOCAB = 128  # the family matrix's vocabulary
 
 _COMMON = dict(
     vocab_size=FAMILY_VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=MAX_POSITIONS,
+    **_DIMS,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
     tie_word_embeddings=False,
 )
-_GPT2_STYLE = dict(n_embd=32, n_layer=2, n_head=4, n_positions=MAX_POSITIONS)
-_NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 # model_type -> overrides of _COMMON (each family's own quirk where it has one)
 FAMILY_CONFIGS: dict[str, dict] = {
@@ -341,14 +311,6 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_llama(vocab: int, seed: int = 0, max_positions: int = 4096) -> torch.nn.Module:
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-    )
+    config = LlamaConfig(vocab_size=vocab, **{**_DIMS, "max_position_embeddings": max_positions})
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
