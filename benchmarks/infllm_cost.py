@@ -1,0 +1,120 @@
+"""What block retrieval costs as the document grows: SmolLM2-135M with `"infllm"` reads one long real text (the
+King James Bible, book after book) chunk by chunk, and at each checkpoint (8k, 32k, 128k tokens by default) records
+- the process CPU seconds per 1k tokens over the `--span` tokens before it (a chunk's cost at that depth),
+- the resident memory then and the peak so far, and the blocks in memory,
+- decode tokens/s from the state there: greedy continuation of the next `--new-tokens` tokens, the time of one
+  generated token (the prompt's last chunk) subtracted;
+and, once, the bare model's decode tokens/s after an 8k prompt (its own context) measured the same way.
+
+    python benchmarks/infllm_cost.py --threads 1                      # 8k, 32k, 128k (about 40 CPU-minutes)
+    python benchmarks/infllm_cost.py --lengths 8k 32k 128k 1m --fields store_dtype=int8 --name infllm_cost_1m
+
+CPU seconds (one torch thread) rather than wall seconds: the two cores of this machine are shared. Writes
+`benchmarks/results/<--name>.json` after every checkpoint; `benchmarks/render_readme.py` renders it into
+docs/infllm.md (`infllm-scaling`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hmt_adapters as ha  # noqa: E402
+from common import parse_field, peak_rss_bytes, rss_bytes, write_result  # noqa: E402
+from hmt_adapters.backbones import smollm2  # noqa: E402
+from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
+from longcontext import parse_length  # noqa: E402
+
+GB = 2**30
+
+
+def bible(tokenizer, length: int) -> torch.Tensor:
+    """The first `length` tokens of the KJV read book after book (train and held-out books alike: cost only)."""
+    split = load_corpus("kjv", test_documents=1)
+    ids: list[int] = []
+    for part in ("train", "test"):
+        for doc in tokenize_documents(split[part], tokenizer)["input_ids"]:
+            ids.extend(doc)
+            if len(ids) >= length + 1:
+                return torch.tensor(ids[: length + 1])
+    raise SystemExit(f"the KJV has {len(ids)} tokens, fewer than --lengths asks for ({length + 1})")
+
+
+def decode_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
+    """Greedy tokens/s of `model.generate` continuing `prompt` `[1, n]`: (time for 1 + new_tokens tokens - time for
+    1 token) / new_tokens, in process CPU seconds, so the prompt's reading is not counted."""
+
+    def timed(count: int) -> float:
+        start = time.process_time()
+        model.generate(input_ids=prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False, **kwargs)
+        return time.process_time() - start
+
+    with torch.no_grad():
+        return new_tokens / max(timed(1 + new_tokens) - timed(1), 1e-9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", nargs="+", type=parse_length, default=[8192, 32768, 131072])
+    parser.add_argument("--span", type=int, default=4096, help="tokens before each checkpoint its cost averages")
+    parser.add_argument("--new-tokens", type=int, default=16, help="tokens decoded at each checkpoint")
+    parser.add_argument("--fields", nargs="*", type=parse_field, default=[], metavar="NAME=VALUE")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--name", default="infllm_cost", help="results file name")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base, tokenizer = smollm2()
+    base.eval()
+    model = ha.wrap_with_memory(base, "infllm", **dict(args.fields)).eval()
+    chunk = model.memory_config.segment_length
+    lengths = sorted(args.lengths)
+    if any(length % chunk for length in lengths) or args.span % chunk:
+        raise SystemExit(f"--lengths and --span must be multiples of the chunk, {chunk} tokens")
+    ids = bible(tokenizer, lengths[-1])
+    pad = tokenizer.eos_token_id
+    result = {
+        "document": "KJV, book after book",
+        "config": model.memory_config.to_dict(),
+        "span": args.span,
+        "new_tokens": args.new_tokens,
+        "command": " ".join(sys.argv),
+        "bare_decode_tokens_per_s": {
+            str(lengths[0]): decode_rate(base, ids[None, : lengths[0]], args.new_tokens, pad_token_id=pad)
+        },
+        "checkpoints": {},
+    }
+    print("bare decode", result["bare_decode_tokens_per_s"], flush=True)
+    state, seconds = None, []
+    with torch.no_grad():
+        for start in range(0, lengths[-1], chunk):
+            begin = time.process_time()
+            _, state = model.step(ids[None, start : start + chunk], state, return_logits=False)
+            seconds.append(time.process_time() - begin)
+            read = start + chunk
+            if read not in lengths:
+                continue
+            rss, peak = rss_bytes() / GB, peak_rss_bytes() / GB
+            last = seconds[-(args.span // chunk) :]
+            point = {
+                "cpu_seconds_per_1k_tokens": 1000 * sum(last) / args.span,
+                "cpu_seconds_so_far": sum(seconds),
+                "rss_gb": rss,
+                "peak_rss_gb": peak,
+                "blocks": int(state.tensors["repr.0"].shape[2]),
+                "decode_tokens_per_s": decode_rate(
+                    model, ids[None, read : read + 1], args.new_tokens, memory_state=state, pad_token_id=pad
+                ),
+            }
+            result["checkpoints"][str(read)] = point
+            print(read, point, flush=True)
+            write_result(args.name, result)
+
+
+if __name__ == "__main__":
+    main()
