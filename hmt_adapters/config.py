@@ -2,7 +2,7 @@
 
 Each field declares its constraints in `metadata` (`min`, `max`, `choices`, `nullable`); one validator checks them
 all, so a bad value always raises a `ValueError` that names the field, the value and what is allowed. Two more keys
-say how a field is saved: `runtime` (never saved) and `added` (a saved file may predate it).
+say how a field is saved: `runtime` (never saved) and `absent` (what a file written before the field means).
 """
 
 from __future__ import annotations
@@ -172,11 +172,11 @@ class MemoryConfig:
         return RUNTIME_SWITCHES + marked
 
     @classmethod
-    def added_fields(cls) -> tuple[str, ...]:
-        """Fields added after files of the method were first written (field metadata `"added": True`): a saved
-        config without one reads its default, which is what the package that wrote the file did. Every other field
-        must be in the file (a hand-edited file missing one is refused rather than guessed)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("added"))
+    def added_fields(cls) -> dict[str, Any]:
+        """Fields added after files of the method were first written, with the value a file without the field means
+        (field metadata `"absent"`: the behaviour of the package that wrote it, whatever today's default). Every other
+        field must be in the file (a hand-edited file missing one is refused rather than guessed)."""
+        return {f.name: f.metadata["absent"] for f in dataclasses.fields(cls) if "absent" in f.metadata}
 
     def to_json_string(self, **metadata: Any) -> str:
         """The JSON written to `memory_config.json`: the fields without the runtime switches, plus `metadata`."""

@@ -354,7 +354,8 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
             allowed,
             f" (neither a loading option nor a field of {entry.config_cls.__name__})",
         )
-    missing = sorted(set(fields) - set(data) - set(overrides) - set(switches) - set(entry.config_cls.added_fields()))
+    data = {**entry.config_cls.added_fields(), **data}  # fields newer than the file: what the file's writer did
+    missing = sorted(set(fields) - set(data) - set(overrides) - set(switches))
     if missing:
         raise ValueError(
             f"{path} lacks the required field(s) {missing} of {entry.config_cls.__name__} (a save_pretrained folder "

@@ -125,7 +125,7 @@ class InfLLMConfig(MemoryConfig):
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
     keep_question_blocks: bool = field(
-        default=False, metadata={"help": "Decoding steps also read the question chunk's blocks.", "added": True}
+        default=False, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
 
