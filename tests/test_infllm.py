@@ -16,6 +16,7 @@ from hmt_adapters.evaluation import TASKS
 from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
+from hmt_adapters.methods.unimem import infllm as infllm_module
 from hmt_adapters.methods.unimem.infllm import InfLLM
 from tiny import (
     FAMILY_NAMES,
@@ -174,6 +175,33 @@ def test_generation_from_a_read_document_is_deterministic_and_equals_one_read(cu
         again = model.generate(ids[:, cut:], memory_state=state, **kwargs)
         assert torch.equal(again.sequences[:, 300 - cut :], whole.sequences[:, 300:])
         torch.testing.assert_close(torch.stack(again.scores), torch.stack(whole.scores), atol=1e-5, rtol=1e-5)
+
+
+def test_decoding_rotates_the_stored_tail_once_per_state_and_layer(monkeypatch):
+    """Every decoding step from one state reads the same tail: it is rotated once per layer, not once per token,
+    and the tokens are those of rotating it every time."""
+    model = wrap(backbone())
+    ids = random_ids(1, 208, seed=2)
+    with torch.no_grad():
+        _, state = model.step(ids[:, :192], return_logits=False)
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    rotations = []
+    real = infllm_module.rotate_at
+    monkeypatch.setattr(infllm_module, "rotate_at", lambda *a: rotations.append(1) or real(*a))
+    cached = model.generate(ids[:, 192:200], memory_state=state, **kwargs)
+    assert len(rotations) == len(model.memory.layers)  # the prompt's 8 tokens and 5 decoding steps, one state
+    model.memory._tail_cache.clear()
+    monkeypatch.setattr(model.memory, "_tail_cache", _Forgetful())
+    assert torch.equal(model.generate(ids[:, 192:200], memory_state=state, **kwargs), cached)
+    # the first generation rotated once; without the cache every call (the prompt and 5 decoding steps) rotates
+    assert len(rotations) == len(model.memory.layers) * (1 + 6)
+
+
+class _Forgetful(dict):
+    """A cache that keeps nothing: every call rotates the tail again (the behaviour before the cache)."""
+
+    def __setitem__(self, key, value):
+        pass
 
 
 @pytest.mark.parametrize("task", ["passkey_standard", "niah_single_noise"])

@@ -70,6 +70,7 @@ class InfLLM(MemoryMethod):
                 f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}."
             )
         self.disk = None if config.store_disk is None else DiskPages(config.store_disk)
+        self._tail_cache: dict[int, tuple[torch.Tensor, tuple, torch.Tensor]] = {}  # layer -> the last rotated tail
         # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
         self.trace: dict[int, list[dict[str, Any]]] | None = None
 
@@ -267,9 +268,7 @@ class InfLLM(MemoryMethod):
         tail_k, tail_v = state[f"tail.k.{layer}"], state[f"tail.v.{layer}"]
         tail_valid = state["tail.valid"]
         tail_len = tail_k.shape[2]
-        # local keys: the tail at its true positions relative to the chunk's window (it starts at window position 0)
-        tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
-        tail_rot = rotate_at(context, tail_k.to(dtype), tail_pos.expand(batch, tail_len), query)
+        tail_rot = self._rotated_tail(layer, state, context, query)
         own = local_visibility(call.attention_mask, q_len, call.key.shape[2], query.device)  # [B|1, 1|Hq, q, k]
         # key parts (keys, values, visibility [B, 1|Hq, 1|q, n] or None where every query sees every key) of one
         # softmax: global (sinks + retrieved blocks, read by the query rotated by W), then tail and own (local)
@@ -340,6 +339,22 @@ class InfLLM(MemoryMethod):
                 }
             )
         return out.transpose(1, 2).contiguous(), None
+
+    def _rotated_tail(self, layer: int, state: State, context: AttentionContext, query: torch.Tensor) -> torch.Tensor:
+        """The tail's keys rotated at their true positions relative to the chunk's window (it starts at window
+        position 0), once per state and layer: every decoding step from one state reads the same tail, and rotating
+        the whole window again for each generated token was most of a decoded token's cost."""
+        tail_k = state[f"tail.k.{layer}"]
+        stored, tail_len = self.stored(state), tail_k.shape[2]
+        key = (tail_k._version, stored, query.dtype, query.device, query.shape[0])
+        hit = self._tail_cache.get(layer)
+        if hit is not None and hit[0] is tail_k and hit[1] == key:
+            return hit[2]
+        tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
+        rotated = rotate_at(context, tail_k.to(query.dtype), tail_pos.expand(query.shape[0], tail_len), query)
+        if not rotated.requires_grad:  # a tail in a graph (training through the backbone) is not kept across calls
+            self._tail_cache[layer] = (tail_k, key, rotated)
+        return rotated
 
     @staticmethod
     def _softmax(
