@@ -121,15 +121,24 @@ def in_fresh_process(script: str, *args: str, env: dict[str, str] | None = None)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def provenance() -> dict:
-    """Where and with what a result was produced."""
+def _head_commit() -> str | None:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     except OSError:
-        commit = None
+        return None
+    return commit or None
+
+
+# The commit whose code this process runs: read once, when the benchmark starts. A run of hours writes its results
+# after later commits have moved HEAD, and it did not run their code.
+STARTED_AT_COMMIT = _head_commit()
+
+
+def provenance() -> dict:
+    """Where and with what a result was produced."""
     return {
         # $HMT_ADAPTERS_COMMIT wins where set: a copied tree's .git can be stale (the GPU machine's was)
-        "git_commit": os.environ.get("HMT_ADAPTERS_COMMIT") or commit or None,
+        "git_commit": os.environ.get("HMT_ADAPTERS_COMMIT") or STARTED_AT_COMMIT,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,

@@ -449,7 +449,35 @@ def infllm_books() -> str | None:
     return "\n".join(lines).rstrip()
 
 
+def infllm_scaling() -> str | None:
+    """Cost against document length (`benchmarks/infllm_cost.py`)."""
+    data = load("infllm_cost")
+    if data is None or not data["checkpoints"]:
+        return None
+    (bare_at, bare), *_ = data["bare_decode_tokens_per_s"].items()
+    lines = [
+        f'`python {data["command"]}` ({commit(data)}): SmolLM2-135M with `"infllm"` reads the {data["document"]}; '
+        f"process CPU seconds (one torch thread) per 1k tokens over the {data['span']} tokens before each length, "
+        f"resident memory, blocks per layer, and greedy decode tokens/s from the state there ({data['new_tokens']} "
+        f"tokens). The bare model decodes {bare:.2f} tokens/s after a {bare_at}-token prompt in the same run.",
+        "",
+        "| tokens read | CPU s / 1k tokens | x first row | RSS (GB) | peak RSS (GB) | blocks | decode tok/s | x bare|",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    first = None
+    for length, point in data["checkpoints"].items():
+        cost = point["cpu_seconds_per_1k_tokens"]
+        first = first or cost
+        lines.append(
+            f"| {int(length) // 1024}k | {cost:.1f} | {cost / first:.2f} | {point['rss_gb']:.2f} | "
+            f"{point['peak_rss_gb']:.2f} | {point['blocks']} | {point['decode_tokens_per_s']:.2f} | "
+            f"{point['decode_tokens_per_s'] / bare:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 SECTIONS = {
+    "infllm-scaling": infllm_scaling,
     "infllm-books": infllm_books,
     "infllm-headline": infllm,
     "infllm": infllm,
