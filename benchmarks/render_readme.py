@@ -86,11 +86,17 @@ def infllm_rows() -> list[dict]:
     return load_records(str(RESULTS / "infllm.jsonl"))
 
 
-def infllm() -> str | None:
+def infllm_headline() -> str | None:
+    """The README's table: the block-retrieval cells of the tasks a memory reader has been measured on."""
+    measured = {r["task"] for r in infllm_rows() if r["reader"] != "backbone"}
+    return infllm([r for r in infllm_rows() if r["task"] in measured])
+
+
+def infllm(rows: list[dict] | None = None) -> str | None:
     """The block-retrieval cells (`benchmarks/infllm.py`): accuracy with sample count and 95% interval per cell."""
     from hmt_adapters.evaluation.records import markdown_tables
 
-    rows = infllm_rows()
+    rows = infllm_rows() if rows is None else rows
     if not rows:
         return None
     commits = ", ".join(f"`{c[:10]}`" for c in sorted({r["commit"] for r in rows if r.get("commit")}))
@@ -98,10 +104,25 @@ def infllm() -> str | None:
     return (
         f"`python benchmarks/infllm.py --table` (SmolLM2-135M-Instruct, trained context 8192; fp32 on {devices}; "
         f"commits {commits}): greedy answers of the bare model reading its last 8192 tokens, and of "
-        '`wrap_with_memory(base, "infllm")` (no training) reading the whole prompt; accuracy (samples n, 95% '
-        "Wilson interval). Lengths past 8k are past what the model was trained on.\n\n"
+        '`wrap_with_memory(base, "infllm")` (no training) reading the whole prompt'
+        + "".join(f"; `{name}`: {fields}" for name, fields in variant_fields(rows).items())
+        + "; accuracy (samples n, 95% Wilson interval). Lengths past 8k are past what the model was trained on.\n\n"
         + markdown_tables(rows).rstrip()
     )
+
+
+def variant_fields(rows: list[dict]) -> dict[str, str]:
+    """For each memory reader other than `infllm`, the config fields its records differ in from the defaults."""
+    import hmt_adapters as ha
+
+    defaults = ha.InfLLMConfig().to_dict()
+    out: dict[str, str] = {}
+    for row in rows:
+        if row["reader"] in ("backbone", "infllm") or row["reader"] in out or not row.get("config"):
+            continue
+        changed = {k: v for k, v in row["config"].items() if k in defaults and defaults[k] != v}
+        out[row["reader"]] = ", ".join(f"`{k}={v!r}`" for k, v in sorted(changed.items())) or "the defaults"
+    return out
 
 
 def infllm_cost() -> str | None:
@@ -289,11 +310,19 @@ CARDS = {
 
 
 def infllm_card_results() -> str | None:
-    """The block-retrieval cells measured so far (`benchmarks/infllm.py`), for the weight-free InfLLM card."""
+    """The block-retrieval cells measured so far (`benchmarks/infllm.py`) with the shipped configuration, for its
+    card."""
+    import hmt_adapters as ha
     from hmt_adapters.evaluation.records import load_records, markdown_tables
 
-    rows = load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))
-    if not rows:
+    shipped = ha.MemoryConfig.from_json_file(ROOT / "examples" / "adapters" / "smollm2-infllm" / "memory_config.json")
+    saved = {k: v for k, v in shipped.to_dict().items() if k not in shipped.runtime_switches()}
+    rows = [  # the bare model, and the memory readers that ran this very configuration
+        r
+        for r in load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))
+        if r["reader"] == "backbone" or {k: r.get("config", {}).get(k) for k in saved} == saved
+    ]
+    if not any(r["reader"] != "backbone" for r in rows):
         return None
     return (
         "Accuracy of greedy answers on SmolLM2-135M-Instruct (8k context), the bare model in its context against "
@@ -479,7 +508,7 @@ def infllm_scaling() -> str | None:
 SECTIONS = {
     "infllm-scaling": infllm_scaling,
     "infllm-books": infllm_books,
-    "infllm-headline": infllm,
+    "infllm-headline": infllm_headline,
     "infllm": infllm,
     "infllm-cost": infllm_cost,
     "infllm-store": infllm_store,

@@ -160,6 +160,10 @@ def test_push_to_hub_uploads_the_adapter_and_a_model_card(monkeypatch):
     ) in card
     assert 'AutoMemoryModelForCausalLM.from_pretrained("me/smol-hmt")' in card
     assert hub.config["method"] == "hmt"
+    # the card lists what memory_config.json holds: not how this process ran (runtime switches)
+    model.gradient_checkpointing_enable()
+    model.push_to_hub("me/smol-hmt")
+    assert "gradient_checkpointing" not in hub.card and "offload_activations" not in hub.card
 
 
 def test_a_card_for_a_base_this_package_builds_names_its_hub_origin_and_the_code_that_builds_it():

@@ -550,6 +550,7 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
     assert model.method == "infllm" and list(model.memory.parameters()) == []
     assert (model.memory.window, model.memory.sinks, model.memory.block) == (4096, 128, 128)  # scaled to SmolLM2
+    assert model.memory_config.keep_question_blocks  # the measured reader of the README's headline (infllm-keep)
     card = str(render_model_card(wrap(backbone())))
     assert "no trained weights" in card and "is_trainable" not in card and "ha.ask(model" in card
     assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
