@@ -42,12 +42,15 @@ def demo() -> str | None:
         lines += [
             f"**Part 1: more context than the model was trained on, no training**: SmolLM2-135M (trained on "
             f"{needle['context']} tokens) asked about a {needle['length']}-token document (RULER single needle "
-            f"in noise, needle at token {needle['needle_token']}, expected {needle['expected']}):",
+            f"in noise, needle at token {needle['needle_token']}, expected {needle['expected']}; {commit(needle)}):",
             "",
             "| reader | answer | correct |",
             "|---|---|---|",
         ]
-        lines += [f"| {r['reader']} | `{r['answer']}` | {'yes' if r['correct'] else 'no'} |" for r in needle["rows"]]
+        lines += [
+            f"| {r['reader']} | `{r['answer'].replace(chr(10), ' ')}` | {'yes' if r['correct'] else 'no'} |"
+            for r in needle["rows"]
+        ]
         lines.append("")
     part = 2 if needle is not None else 1
     lines += [
