@@ -493,7 +493,7 @@ def infllm_scaling() -> str | None:
         f"resident memory, blocks per layer, and greedy decode tokens/s from the state there ({data['new_tokens']} "
         f"tokens). The bare model decodes {bare:.2f} tokens/s after a {bare_at}-token prompt in the same run.",
         "",
-        "| tokens read | CPU s / 1k tokens | x first row | RSS (GB) | peak RSS (GB) | blocks | decode tok/s | x bare|",
+        "| tokens read | CPU s / 1k tokens | x first row | RSS (GB) | peak RSS (GB) | blocks | decode t/s | x bare |",
         "|---|---|---|---|---|---|---|---|",
     ]
     first = None
