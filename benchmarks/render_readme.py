@@ -91,8 +91,9 @@ def infllm_rows() -> list[dict]:
 
 def infllm_headline() -> str | None:
     """The README's table: the block-retrieval cells of the tasks a memory reader has been measured on."""
-    measured = {r["task"] for r in infllm_rows() if r["reader"] != "backbone"}
-    return infllm([r for r in infllm_rows() if r["task"] in measured])
+    rows = infllm_rows()
+    measured = {r["task"] for r in rows if r["reader"] != "backbone"}
+    return infllm([r for r in rows if r["task"] in measured])
 
 
 def infllm(rows: list[dict] | None = None) -> str | None:
@@ -319,7 +320,7 @@ def infllm_card_results() -> str | None:
     from hmt_adapters.evaluation.records import load_records, markdown_tables
 
     shipped = ha.MemoryConfig.from_json_file(ROOT / "examples" / "adapters" / "smollm2-infllm" / "memory_config.json")
-    saved = {k: v for k, v in shipped.to_dict().items() if k not in shipped.runtime_switches()}
+    saved = shipped.saved_fields()
     rows = [  # the bare model, and the memory readers that ran this very configuration
         r
         for r in load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))

@@ -172,16 +172,20 @@ class MemoryConfig:
         return RUNTIME_SWITCHES + marked
 
     @classmethod
-    def added_fields(cls) -> dict[str, Any]:
+    def absent_values(cls) -> dict[str, Any]:
         """Fields added after files of the method were first written, with the value a file without the field means
         (field metadata `"absent"`: the behaviour of the package that wrote it, whatever today's default). Every other
         field must be in the file (a hand-edited file missing one is refused rather than guessed)."""
         return {f.name: f.metadata["absent"] for f in dataclasses.fields(cls) if "absent" in f.metadata}
 
+    def saved_fields(self) -> dict[str, Any]:
+        """What `memory_config.json` holds of this config: `to_dict()` without the runtime switches (how one
+        process runs the method, not what the adapter is)."""
+        return {k: v for k, v in self.to_dict().items() if k not in self.runtime_switches()}
+
     def to_json_string(self, **metadata: Any) -> str:
-        """The JSON written to `memory_config.json`: the fields without the runtime switches, plus `metadata`."""
-        fields = {k: v for k, v in self.to_dict().items() if k not in self.runtime_switches()}
-        return json.dumps({**fields, **metadata}, indent=2, sort_keys=True) + "\n"
+        """The JSON written to `memory_config.json`: the saved fields plus `metadata`."""
+        return json.dumps({**self.saved_fields(), **metadata}, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str | os.PathLike, **metadata: Any) -> str:
         """Write `memory_config.json` into `directory` (metadata keys such as the base model id go beside the

@@ -684,8 +684,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def _state_signature(self) -> dict[str, Any]:
         """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""
-        runtime_switches = {"bptt_depth", *self.memory_config.runtime_switches()}
-        config = {k: v for k, v in self.memory_config.to_dict().items() if k not in runtime_switches}
+        config = {k: v for k, v in self.memory_config.saved_fields().items() if k != "bptt_depth"}
         return {**config, **adapter_io.backbone_facts(self.adapter)}
 
     def _check_state(self, state: MemoryState, batch_size: int) -> None:

@@ -219,7 +219,7 @@ def test_a_file_written_before_a_field_was_added_loads_with_the_behaviour_it_had
         keep_question_blocks=True,
     )
     model.save_pretrained(tmp_path)
-    assert ha.InfLLMConfig.added_fields() == {"keep_question_blocks": False}
+    assert ha.InfLLMConfig.absent_values() == {"keep_question_blocks": False}
     edit_config(tmp_path, keep_question_blocks=None)
     assert (
         ha.MemoryModel.from_pretrained(tiny_backbone("llama"), str(tmp_path)).memory_config.keep_question_blocks

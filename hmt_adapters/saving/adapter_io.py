@@ -354,7 +354,7 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
             allowed,
             f" (neither a loading option nor a field of {entry.config_cls.__name__})",
         )
-    data = {**entry.config_cls.added_fields(), **data}  # fields newer than the file: what the file's writer did
+    data = {**entry.config_cls.absent_values(), **data}  # fields newer than the file: what the file's writer did
     missing = sorted(set(fields) - set(data) - set(overrides) - set(switches))
     if missing:
         raise ValueError(

@@ -14,7 +14,6 @@ from huggingface_hub.utils import validate_repo_id
 
 from ..backbones import is_peft
 from ..backbones.pretrained import KNOWN_BASES, base_model_code
-from ..config import MemoryConfig
 from ..version import __version__
 from .adapter_io import base_metadata, save_adapter
 from .files import CARD_TEMPLATE
@@ -41,12 +40,6 @@ def card_base_model(base: str | None) -> str | None:
     return base
 
 
-def saved_fields(config: MemoryConfig) -> dict[str, Any]:
-    """The fields `memory_config.json` holds: the card shows what the adapter is, not how one process ran it (the
-    runtime switches)."""
-    return {k: v for k, v in config.to_dict().items() if k not in config.runtime_switches()}
-
-
 def render_model_card(model: MemoryModel, tags: list[str] | None = None, **fields: Any) -> ModelCard:
     """The Hub model card for `model`'s adapter, from the template in `model_cards/` (`fields` fill its slots)."""
     meta = base_metadata(model)
@@ -65,7 +58,7 @@ def render_model_card(model: MemoryModel, tags: list[str] | None = None, **field
         base_model_name=base or "(local backbone)",
         base_model_code=base_model_code(base),
         base_model_type=meta["base_model_type"],
-        config=saved_fields(model.memory_config),
+        config=model.memory_config.saved_fields(),  # what the adapter is, not how one process ran it
         num_memory_parameters=sum(p.numel() for p in model.memory.parameters()),
         has_lora=is_peft(model.backbone),
         version=__version__,

@@ -27,7 +27,6 @@ class DiskPages:
         self.page_bytes = page_bytes
         self._page: torch.Tensor | None = None  # uint8 [page_bytes] of the page being filled
         self._used = 0
-        self.files = 0  # page files mapped so far
 
     def _new_page(self, nbytes: int) -> None:
         os.makedirs(self.directory, exist_ok=True)
@@ -39,7 +38,7 @@ class DiskPages:
             os.unlink(path)  # the mapping keeps the space; the file name is gone (see the module docstring)
         except OSError:  # a platform that refuses to unlink an open file keeps it until the process ends
             pass
-        self._used, self.files = 0, self.files + 1
+        self._used = 0
 
     def place(self, x: torch.Tensor) -> torch.Tensor:
         """A file-backed copy of the CPU tensor `x` (same shape, dtype and values)."""
