@@ -35,6 +35,7 @@ from .reading import rotate_at
 
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
 QUERY_SLICE_FLOATS = 4 * 2**20  # 16 MB of fp32 logits per query slice
+EXP_FLOOR = -87.0  # the lowest float32 input whose exp is a normal number (e^-87.3 = 1.18e-38, the smallest normal)
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
 
 
@@ -373,7 +374,12 @@ class InfLLM(MemoryMethod):
             if mask is not None:
                 part.masked_fill_(~mask, low)
         top = torch.stack([part.amax(-1) for part in logits if part.shape[-1]]).amax(0)[..., None]
-        total = torch.stack([part.sub_(top).exp_().sum(-1, keepdim=True) for part in logits]).sum(0)
+        # exp of a float32 below EXP_FLOOR takes CPU's scalar path (denormal or zero result): ~30x slower than the
+        # vector exp, and every masked logit lands there; floored, a masked entry weighs e^-87 ~ 1.6e-38, below
+        # float32's resolution next to the row's largest entry (1.0), so the probabilities are unchanged
+        total = torch.stack(
+            [part.sub_(top).clamp_(min=EXP_FLOOR).exp_().sum(-1, keepdim=True) for part in logits]
+        ).sum(0)
         return [part.div_(total) for part in logits]  # a query that sees nothing (padding): a uniform row, no NaN
 
     @staticmethod
