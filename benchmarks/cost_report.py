@@ -320,6 +320,11 @@ def _header(part: dict, command: str) -> str:
     )
 
 
+def _label(name: str, row: dict) -> str:
+    """A row's name, with the commit and date it was measured at when that is not the table's (a kept row)."""
+    return f"`{name}` (measured {row['measured']})" if "measured" in row else f"`{name}`"
+
+
 def _spread(row: dict) -> str:
     return f"{row['spread'][0]:.2f}-{row['spread'][1]:.2f}"
 
@@ -347,7 +352,7 @@ def render(results: dict[str, dict]) -> str:
                 ]
                 for name, r in run["rows"].items():
                     lines.append(
-                        f"| `{name}` | {r['rate']:,.0f} | {r['vs_bare']:.2f} ({_spread(r)}) | "
+                        f"| {_label(name, r)} | {r['rate']:,.0f} | {r['vs_bare']:.2f} ({_spread(r)}) | "
                         f"{r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
                         f"{r['speed_x_flops']:.2f} |"
                     )
@@ -366,7 +371,7 @@ def render(results: dict[str, dict]) -> str:
                 bare = run["rows"]["bare"]["peak_extra_mb"]
                 for name, r in run["rows"].items():
                     lines.append(
-                        f"| `{name}` | {r['peak_extra_mb']:.1f} | {r['peak_extra_mb'] / bare:.2f} | "
+                        f"| {_label(name, r)} | {r['peak_extra_mb']:.1f} | {r['peak_extra_mb'] / bare:.2f} | "
                         f"{r['state_mb']:.2f} |"
                     )
                 lines.append("")
@@ -385,7 +390,7 @@ def render(results: dict[str, dict]) -> str:
             ]
             for name, r in run["rows"].items():
                 cells = " | ".join(f"{r['ms'][str(n)]:.1f}" for n in run["lengths"])
-                lines.append(f"| `{name}` | {cells} | {r['last_over_first']:.2f} |")
+                lines.append(f"| {_label(name, r)} | {cells} | {r['last_over_first']:.2f} |")
             lines.append("")
         for part in [k for k in data if k.startswith("decode")]:
             run = data[part]["results"]
@@ -406,12 +411,33 @@ def render(results: dict[str, dict]) -> str:
                     f"({_spread(run['batches'][b][name])})"
                     for b in batches
                 )
-                lines.append(f"| `{name}` | {cells} |")
+                lines.append(f"| {_label(name, run['batches'][batches[0]][name])} | {cells} |")
             lines.append("")
     return "\n".join(lines)
 
 
 START, END = "<!-- cost-report:start -->", "<!-- cost-report:end -->"
+
+
+def keep_rows(result: dict, old: dict, measured: str) -> None:
+    """Rows of methods not re-measured keep their earlier numbers, in every table of a part whose setup (model,
+    segment, lengths, batch...) is unchanged: `--methods` re-measures some rows without losing the others. A kept
+    row says when it was measured (`measured`: the old part's commit and date, unless the row already says)."""
+
+    def setup(run: dict) -> dict:
+        return {k: v for k, v in run.items() if k not in ("rows", "batches", "rounds")}
+
+    def tables(part: dict) -> dict[str, tuple[dict, dict]]:  # table -> (its setup, its rows), in each part's layout
+        if "rows" in part:  # length: one table
+            return {"": (setup(part), part["rows"])}
+        if "batches" in part:  # decode: a table per batch size
+            return {b: (setup(part), rows) for b, rows in part["batches"].items()}
+        return {key: (setup(run), run["rows"]) for key, run in part.items()}  # speed, memory: per (model, segment)
+
+    before = tables(old) if old else {}
+    for key, (kind, rows) in tables(result).items():
+        if key in before and before[key][0] == kind:
+            rows.update({n: {"measured": measured, **r} for n, r in before[key][1].items() if n not in rows})
 
 
 def write_doc(tables: str) -> None:
@@ -467,14 +493,13 @@ def main() -> None:
         result = measures[part]()
         if part == "decode" and setup:
             part = f"decode_{setup[0]}"
-        old = data.get(part, {}).get("results", {})
-        if part in ("speed", "memory"):  # rows of methods not re-measured keep their earlier numbers
-            for key, run in result.items():
-                kept = {n: r for n, r in old.get(key, {}).get("rows", {}).items() if n not in run["rows"]}
-                run["rows"] = {**run["rows"], **kept}
+        if part in data:
+            prov = data[part]["provenance"]
+            keep_rows(result, data[part]["results"], f"{(prov.get('git_commit') or '?')[:10]}, {prov['time'][:10]}")
         flags = f" --decode-setup {' '.join(args.decode_setup)}" if part.startswith("decode_") else ""
+        methods = "" if args.methods == ha.available_methods() else f" --methods {' '.join(args.methods)}"
         data[part] = {
-            "command": f"{command} --parts {part.split('_')[0]}{flags} --rounds {args.rounds}",
+            "command": f"{command} --parts {part.split('_')[0]}{flags}{methods} --rounds {args.rounds}",
             "provenance": provenance(),
             "results": result,
             "seconds": round(time.perf_counter() - started, 1),

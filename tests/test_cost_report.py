@@ -1,0 +1,63 @@
+"""benchmarks/cost_report.py: re-measuring some methods keeps the other rows of every part (docs/cost.md)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from cost_report import keep_rows  # noqa: E402
+
+
+def rows(*names: str) -> dict:
+    return {n: {"rate": float(i)} for i, n in enumerate(names)}
+
+
+PARTS = {  # the four parts' layouts, as cost_report's measures write them
+    "speed": lambda r: {"llama4/128": {"model": "llama4", "segment": 128, "rounds": 5, "rows": r}},
+    "length": lambda r: {"model": "llama4", "segment": 512, "lengths": [8192, 32768], "rows": r},
+    "decode": lambda r: {"model": "llama4", "segment": 256, "rounds": 3, "batches": {"1": r, "8": copy.deepcopy(r)}},
+}
+
+
+def tables(part: dict) -> list[dict]:
+    if "rows" in part:
+        return [part["rows"]]
+    if "batches" in part:
+        return list(part["batches"].values())
+    return [run["rows"] for run in part.values()]
+
+
+def test_rows_not_re_measured_are_kept_and_say_when_they_were_measured():
+    for layout in PARTS.values():
+        old = layout(rows("bare", "hmt", "rmt"))
+        new = layout(rows("bare", "rmt"))
+        new_rmt = [copy.deepcopy(t["rmt"]) for t in tables(new)]
+        keep_rows(new, old, "abc, 2026-11-25")
+        for table, rmt in zip(tables(new), new_rmt):
+            assert list(table) == ["bare", "rmt", "hmt"]
+            assert table["rmt"] == rmt  # re-measured: the new numbers, no stamp
+            assert table["hmt"] == {"measured": "abc, 2026-11-25", "rate": 1.0}
+
+
+def test_a_row_kept_twice_keeps_its_first_stamp():
+    old = PARTS["length"](rows("bare", "hmt"))
+    old["rows"]["hmt"]["measured"] = "first, 2026-11-01"
+    new = PARTS["length"](rows("bare"))
+    keep_rows(new, old, "second, 2026-11-25")
+    assert new["rows"]["hmt"]["measured"] == "first, 2026-11-01"
+
+
+def test_nothing_is_kept_from_another_setup():
+    old = PARTS["length"](rows("bare", "hmt"))
+    new = PARTS["length"](rows("bare"))
+    new["lengths"] = [8192, 131072]
+    keep_rows(new, old, "abc, 2026-11-25")
+    assert list(new["rows"]) == ["bare"]
+    old, new = PARTS["speed"](rows("bare", "hmt")), PARTS["speed"](rows("bare"))
+    new["llama4/128"]["segment"] = 256
+    keep_rows(new, old, "abc, 2026-11-25")
+    assert list(new["llama4/128"]["rows"]) == ["bare"]
+    keep_rows(new, {}, "abc, 2026-11-25")  # no earlier part: nothing to keep
+    assert list(new["llama4/128"]["rows"]) == ["bare"]
