@@ -10,7 +10,13 @@ model predicts text that far into a document. Runs:
 - one run per adapter (`--adapters hmt=path rmt=path`), each on its own copy of the backbone (LoRA included); an
   adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window;
 - `infllm` with `--infllm [NAME=VALUE ...]`: the training-free block retrieval (docs/infllm.md) on a copy of the
-  backbone, with those config fields.
+  backbone, with those config fields (recorded under `--infllm-name`, default `infllm`).
+
+`--update` keeps the runs already in the results file (same corpus, documents, window and stride; each keeps its
+commit) and runs only the others, e.g. one more InfLLM setting against the recorded baselines:
+
+    python benchmarks/ppl_vs_length.py --infllm window=7168 --infllm-name infllm-window-7168 --window 8192 \
+        --stride 2048 --corpus kjv --documents 1 --name ppl_infllm_kjv --update
 
     python benchmarks/ppl_vs_length.py --adapters hmt=examples/adapters/smollm2-hmt --corpus austen --max-length 32768
     python benchmarks/ppl_vs_length.py --infllm --window 8192 --stride 2048 --corpus kjv --documents 1 \
@@ -31,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
-from common import parse_field, pyplot, write_result  # noqa: E402
+from common import parse_field, previous_runs, pyplot, write_result  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402
@@ -92,6 +98,8 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="also run the training-free `infllm` reader, with these config fields",
     )
+    p.add_argument("--infllm-name", default="infllm", help="the name of the --infllm run in the results (a variant)")
+    p.add_argument("--update", action="store_true", help="keep the runs of the existing results file, run the others")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--name", default=None, help="results file name (default ppl_vs_length_<corpus>)")
     args = p.parse_args()
@@ -118,7 +126,8 @@ def main() -> None:
             runs[f"{name}_sliding_window"] = sliding(model.base_model)
     if args.infllm is not None:
         infllm = ha.wrap_with_memory(copy.deepcopy(base), "infllm", **dict(args.infllm)).eval()
-        runs["infllm"] = lambda ids: token_nll(infllm, ids)
+        runs[args.infllm_name] = lambda ids: token_nll(infllm, ids)
+    name = args.name or f"ppl_vs_length_{args.corpus}"
     result = {
         "corpus": args.corpus,
         "documents": [{"title": t, "tokens": d.numel()} for t, d in documents],
@@ -128,11 +137,17 @@ def main() -> None:
         "adapters": {
             name: {"path": path, "config": models[name].memory_config.to_dict()} for name, path in adapters.items()
         },
-        "infllm": None if args.infllm is None else infllm.memory_config.to_dict(),
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
-        "runs": evaluate(runs, documents, args.lengths),
     }
-    path = write_result(args.name or f"ppl_vs_length_{args.corpus}", result)
+    settings = ("corpus", "documents", "window", "stride")
+    current = {k: result[k] for k in settings}
+    old = previous_runs(name, lambda d: {k: d.get(k) for k in settings}, current) if args.update else {}
+    new = evaluate({n: fn for n, fn in runs.items() if n not in old}, documents, args.lengths)
+    if args.infllm is not None and args.infllm_name in new:
+        new[args.infllm_name]["fields"] = {k: v for k, v in args.infllm}
+        new[args.infllm_name]["config"] = infllm.memory_config.to_dict()
+    result["runs"] = {**old, **new}
+    path = write_result(name, result)
     plot(result, path.with_suffix(".png"))
 
 

@@ -454,6 +454,15 @@ def version_matrix() -> str | None:
     return "\n".join(lines)
 
 
+def books_command(corpus: str, data: dict, name: str, flags: str = "") -> str:
+    """The command that recorded run `name` of `ppl_infllm_<corpus>.json`, with its commit."""
+    sha = (data["runs"][name].get("commit") or data["provenance"]["git_commit"])[:10]
+    return (
+        f"`python benchmarks/ppl_vs_length.py --infllm{flags} --window {data['window']} --stride {data['stride']} "
+        f"--corpus {corpus} --documents 1 --name ppl_infllm_{corpus}{' --update' if flags else ''}` (commit `{sha}`)"
+    )
+
+
 def infllm_books() -> str | None:
     """Book perplexity with block retrieval against the bare model's sliding window
     (`benchmarks/ppl_vs_length.py --infllm`, one results file per corpus)."""
@@ -461,22 +470,28 @@ def infllm_books() -> str | None:
     found = [(c, d) for c, d in found if d is not None]
     if not found:
         return None
-    runs = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
     lines = []
     for corpus, data in found:
-        doc = data["documents"][0]
+        doc, prov = data["documents"][0], data["provenance"]
+
+        variants = {n: " ".join(f"{k}={v}" for k, v in r.get("fields", {}).items()) for n, r in data["runs"].items()}
+        variants = {n: f for n, f in variants.items() if f}  # runs with InfLLM fields: settings added to the file
         lengths = list(data["runs"]["infllm"]["ppl"])
         lines += [
-            f"`python benchmarks/ppl_vs_length.py --infllm --window {data['window']} --stride {data['stride']} "
-            f"--corpus {corpus} --documents 1 --name ppl_infllm_{corpus}` ({commit(data)}): *{doc['title']}* "
+            f"{books_command(corpus, data, 'infllm')}, {prov['device']}, {prov['machine']}: *{doc['title']}* "
             f"({doc['tokens']} tokens, held out of the shipped adapters' training); perplexity of the tokens in "
-            f"(C/2, C]; the bare model sees the last {data['window'] - data['stride']} to {data['window']} tokens.",
+            f"(C/2, C]; the bare model sees the last {data['window'] - data['stride']} to {data['window']} tokens."
+            + "".join(
+                f" `{n}`: {books_command(corpus, data, n, f' {f} --infllm-name {n}')}." for n, f in variants.items()
+            ),
             "",
             "| reader | " + " | ".join(lengths) + " |",
             "|---" * (len(lengths) + 1) + "|",
         ]
-        for run, label in runs.items():
-            ppl = data["runs"][run]["ppl"]
+        labels = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
+        labels |= {n: f'`"infllm"`, {f}' for n, f in variants.items()}
+        for name, label in labels.items():
+            ppl = data["runs"][name]["ppl"]
             lines.append(f"| {label} | " + " | ".join(f"{ppl[c]['bin']:.2f}" for c in lengths) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
@@ -487,23 +502,32 @@ def infllm_scaling() -> str | None:
     data = load("infllm_cost")
     if data is None or not data["checkpoints"]:
         return None
-    (bare_at, bare), *_ = data["bare_decode_tokens_per_s"].items()
+    if "bare_prompt_tokens" in data:  # the bare rate measured at every checkpoint, right after the memory's
+        bare_at, once = data["bare_prompt_tokens"], None
+        bare_note = f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured right after each"
+    else:  # files before: the bare rate measured once, at the start
+        (bare_at, once), *_ = data["bare_decode_tokens_per_s"].items()
+        bare_note = (
+            f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured once at the start"
+        )
     lines = [
         f'`python {data["command"]}` ({commit(data)}): SmolLM2-135M with `"infllm"` reads the {data["document"]}; '
         f"process CPU seconds (one torch thread) per 1k tokens over the {data['span']} tokens before each length, "
         f"resident memory, blocks per layer, and greedy decode tokens/s from the state there ({data['new_tokens']} "
-        f"tokens). The bare model decodes {bare:.2f} tokens/s after a {bare_at}-token prompt in the same run.",
+        f"tokens); {bare_note}.",
         "",
-        "| tokens read | CPU s / 1k tokens | x first row | RSS (GB) | peak RSS (GB) | blocks | decode t/s | x bare |",
-        "|---|---|---|---|---|---|---|---|",
+        "| tokens read | CPU s / 1k tokens | x first row | RSS (GB) | peak RSS (GB) | blocks | decode t/s | bare t/s "
+        "| x bare |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     first = None
     for length, point in data["checkpoints"].items():
         cost = point["cpu_seconds_per_1k_tokens"]
         first = first or cost
+        bare = point.get("bare_decode_tokens_per_s", once)
         lines.append(
             f"| {int(length) // 1024}k | {cost:.1f} | {cost / first:.2f} | {point['rss_gb']:.2f} | "
-            f"{point['peak_rss_gb']:.2f} | {point['blocks']} | {point['decode_tokens_per_s']:.2f} | "
+            f"{point['peak_rss_gb']:.2f} | {point['blocks']} | {point['decode_tokens_per_s']:.2f} | {bare:.2f} | "
             f"{point['decode_tokens_per_s'] / bare:.2f} |"
         )
     return "\n".join(lines)
