@@ -36,3 +36,4 @@ __all__ = [
 ]
 
 compat.warn_if_untested()
+compat.accept_in_pipelines(MemoryModel.__name__)

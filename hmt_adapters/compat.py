@@ -8,6 +8,7 @@ Every other module asks here instead of testing `transformers.__version__`. What
   own list of cache names (`transformers.generation.utils.ALL_CACHE_NAMES`, whose first entry is the name `generate`
   passes to `forward`), so a release is handled by what it does, not by its number.
 - peft reading transformers' deprecated `is_gradient_checkpointing` (`peft_on_transformers5`).
+- The model classes a text-generation pipeline takes without logging an error (`accept_in_pipelines`).
 - The range of releases the test suite has passed on (`TESTED_TRANSFORMERS`); importing the package under a newer
   one warns once, naming that range (docs/development.md, "Upgrading transformers").
 """
@@ -66,6 +67,21 @@ def untested_transformers_message(version: str = transformers.__version__) -> st
         f"between releases: if something fails, install a tested release (pip install 'transformers>={floor},"
         f"<{ceiling}') or the repository's lock (constraints.txt)."
     )
+
+
+def accept_in_pipelines(class_name: str) -> None:
+    """Let `pipeline("text-generation", model=memory_model)` run without its error log.
+
+    A transformers pipeline runs any model that has `generate`, but `Pipeline.check_model_type` logs an error naming
+    some 250 classes when the model's class is not one of its task's; peft's `PeftModelForCausalLM` is on that list
+    through `transformers.pipelines.base.SUPPORTED_PEFT_TASKS`, and a `MemoryModel` goes beside it there. A release
+    without that table is left alone: its pipeline logs its message and still runs (docs/adapters.md)."""
+    from transformers.pipelines import base
+
+    tasks = getattr(base, "SUPPORTED_PEFT_TASKS", None)
+    if isinstance(tasks, dict) and isinstance(tasks.get("text-generation"), list):
+        if class_name not in tasks["text-generation"]:
+            tasks["text-generation"].append(class_name)
 
 
 def warn_if_untested() -> None:

@@ -191,3 +191,31 @@ def test_no_maximum_length_reminder_past_the_backbones_positions(caplog):
             assert reminded == (name == "backbone"), name
     finally:
         hf_logging.disable_propagation()
+
+
+def test_text_generation_pipeline_runs_a_memory_model_without_its_unsupported_model_error(caplog):
+    """`pipeline("text-generation", model=memory_model)` (docs/adapters.md) generates what `generate` does on the
+    prompt, and without transformers' "is not supported for text-generation" error (hmt_adapters.compat)."""
+    import logging
+
+    from transformers import pipeline
+    from transformers.utils import logging as hf_logging
+
+    from tiny import tiny_llama, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = ha.wrap_with_memory(tiny_llama(len(tokenizer)), "hmt", segment_length=SEGMENT).eval()
+    prompt = "The pass key is 12345. Remember it. " * 4
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.ERROR):
+            out = pipeline("text-generation", model=model, tokenizer=tokenizer)(
+                prompt, max_new_tokens=6, do_sample=False, return_full_text=False
+            )
+    finally:
+        hf_logging.disable_propagation()
+    assert "not supported" not in caplog.text
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    expected = model.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert ids.shape[1] > SEGMENT  # the prompt spans segments: the pipeline went through the memory
+    assert out[0]["generated_text"] == tokenizer.decode(expected[0, ids.shape[1] :])
