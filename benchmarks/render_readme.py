@@ -473,7 +473,6 @@ def infllm_books() -> str | None:
     lines = []
     for corpus, data in found:
         doc, prov = data["documents"][0], data["provenance"]
-
         variants = {n: " ".join(f"{k}={v}" for k, v in r.get("fields", {}).items()) for n, r in data["runs"].items()}
         variants = {n: f for n, f in variants.items() if f}  # runs with InfLLM fields: settings added to the file
         lengths = list(data["runs"]["infllm"]["ppl"])
