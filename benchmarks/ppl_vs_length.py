@@ -144,7 +144,7 @@ def main() -> None:
     old = previous_runs(name, lambda d: {k: d.get(k) for k in settings}, current) if args.update else {}
     new = evaluate({n: fn for n, fn in runs.items() if n not in old}, documents, args.lengths)
     if args.infllm is not None and args.infllm_name in new:
-        new[args.infllm_name]["fields"] = {k: v for k, v in args.infllm}
+        new[args.infllm_name]["fields"] = dict(args.infllm)
         new[args.infllm_name]["config"] = infllm.memory_config.to_dict()
     result["runs"] = {**old, **new}
     path = write_result(name, result)

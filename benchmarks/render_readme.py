@@ -473,8 +473,10 @@ def infllm_books() -> str | None:
     lines = []
     for corpus, data in found:
         doc, prov = data["documents"][0], data["provenance"]
-        variants = {n: " ".join(f"{k}={v}" for k, v in r.get("fields", {}).items()) for n, r in data["runs"].items()}
-        variants = {n: f for n, f in variants.items() if f}  # runs with InfLLM fields: settings added to the file
+        # runs with InfLLM fields: settings added to the file with --update, each with its fields as NAME=VALUE
+        variants = {
+            n: " ".join(f"{k}={v}" for k, v in r["fields"].items()) for n, r in data["runs"].items() if r.get("fields")
+        }
         lengths = list(data["runs"]["infllm"]["ppl"])
         lines += [
             f"{books_command(corpus, data, 'infllm')}, {prov['device']}, {prov['machine']}: *{doc['title']}* "
@@ -502,13 +504,11 @@ def infllm_scaling() -> str | None:
     if data is None or not data["checkpoints"]:
         return None
     if "bare_prompt_tokens" in data:  # the bare rate measured at every checkpoint, right after the memory's
-        bare_at, once = data["bare_prompt_tokens"], None
-        bare_note = f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured right after each"
+        bare_at, once, when = data["bare_prompt_tokens"], None, "right after each"
     else:  # files before: the bare rate measured once, at the start
         (bare_at, once), *_ = data["bare_decode_tokens_per_s"].items()
-        bare_note = (
-            f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured once at the start"
-        )
+        when = "once at the start"
+    bare_note = f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured {when}"
     lines = [
         f'`python {data["command"]}` ({commit(data)}): SmolLM2-135M with `"infllm"` reads the {data["document"]}; '
         f"process CPU seconds (one torch thread) per 1k tokens over the {data['span']} tokens before each length, "

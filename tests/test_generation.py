@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+
 import pytest
 import torch
+from transformers import pipeline
 from transformers.generation.streamers import BaseStreamer
+from transformers.utils import logging as hf_logging
 
 import hmt_adapters as ha
 from cases import SEGMENT, cases, wrap
 from hmt_adapters.compat import output_cache
-from tiny import MAX_POSITIONS, VOCAB, random_ids
+from tiny import MAX_POSITIONS, VOCAB, random_ids, tiny_llama, tiny_tokenizer
 
 GREEDY = dict(do_sample=False, pad_token_id=0)
+
+
+@contextlib.contextmanager
+def transformers_logs_to_caplog() -> Iterator[None]:
+    """transformers' log records reach pytest's `caplog` (its logger does not propagate by default)."""
+    hf_logging.enable_propagation()
+    try:
+        yield
+    finally:
+        hf_logging.disable_propagation()
 
 
 def no_eos(n: int) -> dict:
@@ -174,14 +190,9 @@ def test_paper_query_generation_matches_forward_once_the_query_tokens_exist():
 def test_no_maximum_length_reminder_past_the_backbones_positions(caplog):
     """A memory model reads any length (positions restart every segment): transformers' "exceeded the model's
     predefined maximum length" reminder, which the bare backbone prints past its positions, does not print."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
-
     model = wrap("hmt", "llama").eval()
     ids = random_ids(1, MAX_POSITIONS + 3)
-    hf_logging.enable_propagation()
-    try:
+    with transformers_logs_to_caplog():
         for name, call in (("backbone", model.adapter.model.generate), ("memory", model.generate)):
             logging.Logger.warning_once.cache_clear()  # transformers prints each message once per process
             caplog.clear()
@@ -189,33 +200,20 @@ def test_no_maximum_length_reminder_past_the_backbones_positions(caplog):
                 call(input_ids=ids[:, : MAX_POSITIONS + 1] if name == "backbone" else ids, **no_eos(2))
             reminded = "exceeded the model's predefined maximum length" in caplog.text
             assert reminded == (name == "backbone"), name
-    finally:
-        hf_logging.disable_propagation()
 
 
 def test_text_generation_pipeline_runs_a_memory_model_without_its_unsupported_model_error(caplog):
     """`pipeline("text-generation", model=memory_model)` (docs/adapters.md) generates what `generate` does on the
     prompt, and without transformers' "is not supported for text-generation" error (hmt_adapters.compat)."""
-    import logging
-
-    from transformers import pipeline
-    from transformers.utils import logging as hf_logging
-
-    from tiny import tiny_llama, tiny_tokenizer
-
     tokenizer = tiny_tokenizer()
     model = ha.wrap_with_memory(tiny_llama(len(tokenizer)), "hmt", segment_length=SEGMENT).eval()
     prompt = "The pass key is 12345. Remember it. " * 4
-    hf_logging.enable_propagation()
-    try:
-        with caplog.at_level(logging.ERROR):
-            out = pipeline("text-generation", model=model, tokenizer=tokenizer)(
-                prompt, max_new_tokens=6, do_sample=False, return_full_text=False
-            )
-    finally:
-        hf_logging.disable_propagation()
+    with transformers_logs_to_caplog(), caplog.at_level(logging.ERROR):
+        out = pipeline("text-generation", model=model, tokenizer=tokenizer)(
+            prompt, max_new_tokens=6, do_sample=False, return_full_text=False
+        )
     assert "not supported" not in caplog.text
     ids = tokenizer(prompt, return_tensors="pt").input_ids
-    expected = model.generate(input_ids=ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    expected = model.generate(input_ids=ids, **no_eos(6))
     assert ids.shape[1] > SEGMENT  # the prompt spans segments: the pipeline went through the memory
     assert out[0]["generated_text"] == tokenizer.decode(expected[0, ids.shape[1] :])
