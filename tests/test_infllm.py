@@ -4,6 +4,7 @@ and the evaluation pieces it brought (standard passkey, noise-haystack needle, J
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from hmt_adapters.evaluation import TASKS
 from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
+from hmt_adapters.methods.unimem import block_pages
 from hmt_adapters.methods.unimem import infllm as infllm_module
 from hmt_adapters.methods.unimem.infllm import InfLLM
 from tiny import (
@@ -374,6 +376,32 @@ def test_int8_store_quantizes_blocks_per_token_and_head_and_reads_close_to_float
     assert saved["store_dtype"] == "int8" and "store_device" not in saved
     again = ha.MemoryModel.from_pretrained(base, str(tmp_path / "adapter"), store_device="cpu")
     assert again.memory_config.store_device == "cpu"
+
+
+@pytest.mark.parametrize("store_dtype", [None, "int8"])
+def test_cpu_blocks_share_a_few_ram_pages_and_a_copied_model_gets_its_own(store_dtype):
+    """Blocks (and int8 scales) are views of 64 MB pages, not one heap allocation each (block_pages.py); the values
+    are the blocks themselves, and a deep copy of the model fills pages of its own."""
+    base = backbone()
+    model = wrap(base, store_dtype=store_dtype)
+    ids = random_ids(1, 224, seed=5)
+    with torch.no_grad():
+        out, state = model.step(ids)
+    names = [k for k in state.tensors if k.startswith("block.") and not k.startswith("block.valid")]
+    pages = {state.tensors[k].untyped_storage().data_ptr() for k in names}
+    assert len(names) > 8 and len(pages) == 1
+    assert all(state.tensors[k].untyped_storage().nbytes() == block_pages.PAGE_BYTES for k in names)
+    assert all(state.tensors[k].is_contiguous() for k in names)
+    # the same blocks as the tail they were cut from: a store read back equals reading the prompt in two calls
+    with torch.no_grad():
+        streamed, _ = model.step(ids[:, 200:], model.step(ids[:, :200])[1])
+    torch.testing.assert_close(streamed.logits, out.logits[:, 200:], atol=0, rtol=0)
+    copied = copy.deepcopy(model)
+    assert copied.memory.pages is not model.memory.pages
+    with torch.no_grad():
+        _, again = copied.step(ids)
+    assert not {again.tensors[k].untyped_storage().data_ptr() for k in names} & pages
+    assert all(torch.equal(again.tensors[k], state.tensors[k]) for k in state.tensors)
 
 
 @pytest.mark.parametrize("store_dtype", [None, "int8"])

@@ -29,7 +29,7 @@ import torch
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
 from ...memory.attend import head_mix, head_scores
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
-from .disk_store import DiskPages
+from .block_pages import BlockPages
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
@@ -70,7 +70,8 @@ class InfLLM(MemoryMethod):
             raise ValueError(
                 f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}."
             )
-        self.disk = None if config.store_disk is None else DiskPages(config.store_disk)
+        self.pages = BlockPages()  # CPU blocks in RAM pages (block_pages.py: no heap holes between blocks)
+        self.disk = None if config.store_disk is None else BlockPages(config.store_disk)
         self._tail_cache: dict[int, tuple[torch.Tensor, tuple, torch.Tensor]] = {}  # layer -> the last rotated tail
         # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
         self.trace: dict[int, list[dict[str, Any]]] | None = None
@@ -498,17 +499,22 @@ class InfLLM(MemoryMethod):
         return out
 
     def _store_block(self, out: State, layer: int, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Block `index` of `layer` into `out`: quantized for the int8 store, on `store_device`, and in a
-        memory-mapped file once the blocks before it fill `store_ram_gb` (`store_disk`)."""
-        device = self.config.store_device or keys.device
+        """Block `index` of `layer` into `out`: quantized for the int8 store, on `store_device`; on the CPU in
+        RAM pages, or in a memory-mapped file once the blocks before it fill `store_ram_gb` (`store_disk`)."""
+        device = torch.device(self.config.store_device or keys.device)
+        parts = {"k": keys, "v": values}
         if self.config.store_dtype == "int8":
-            (keys, k_scale), (values, v_scale) = quantize(keys), quantize(values)
-            out[f"block.ks.{layer}.{index}"], out[f"block.vs.{layer}.{index}"] = k_scale.to(device), v_scale.to(device)
-        keys, values = keys.to(device), values.to(device)
-        block_bytes = (keys.nbytes + values.nbytes) * len(self.layers)  # one block of every memory layer
-        if self.disk is not None and (index + 1) * block_bytes > (self.config.store_ram_gb or 0) * 1e9:
-            keys, values = self.disk.place(keys), self.disk.place(values)
-        out[f"block.k.{layer}.{index}"], out[f"block.v.{layer}.{index}"] = keys, values
+            (parts["k"], parts["ks"]), (parts["v"], parts["vs"]) = quantize(keys), quantize(values)
+        block_bytes = (parts["k"].nbytes + parts["v"].nbytes) * len(self.layers)  # one block of every memory layer
+        past_budget = (index + 1) * block_bytes > (self.config.store_ram_gb or 0) * 1e9
+        for name, x in parts.items():
+            if device.type != "cpu" or x.requires_grad:
+                x = x.to(device)
+            elif self.disk is not None and past_budget and name in ("k", "v"):  # int8 scales (1/32) stay in RAM
+                x = self.disk.place(x)
+            else:
+                x = self.pages.place(x)
+            out[f"block.{name}.{layer}.{index}"] = x
 
     def _cut_block(self, state: State) -> State:
         """The first `block_size` tail tokens become a block with one representative key per query head."""
