@@ -59,9 +59,8 @@ class BlockPages:
         self._used = 0
 
     def place(self, x: torch.Tensor) -> torch.Tensor:
-        """A CPU copy of `x` (same shape, dtype and values; `x` on any device) in the page being filled."""
-        if x.requires_grad:
-            raise ValueError("Block pages hold stored blocks, which never carry gradients; this tensor requires grad.")
+        """A CPU copy of `x` (same shape, dtype and values; `x` on any device, no graph: the caller keeps tensors
+        that require grad out, `InfLLM._store_block`) in the page being filled."""
         nbytes = x.numel() * x.element_size()
         start = -(-self._used // ALIGN) * ALIGN
         if self._page is None or start + nbytes > self._page.numel():
