@@ -138,6 +138,26 @@ def test_global_keys_are_seen_at_the_window_distance_from_every_query():
         torch.testing.assert_close(rotated, by_method, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("length", [120, 181])
+def test_ordered_blocks_with_every_block_retrieved_are_full_attention(length):
+    """`block_positions="ordered"` with every block retrieved: sinks + blocks + tail are the whole prefix, each key at
+    its true position, so the model is the bare backbone reading the whole document (generation too). InfLLM's
+    shared distance W, on the same blocks, is not."""
+    base = tiny_backbone("llama", max_position_embeddings=512).eval()
+    ids = random_ids(2, length, seed=length)
+    ordered = wrap(base, block_positions="ordered", topk_blocks=32)
+    with torch.no_grad():
+        full = base(ids).logits
+        got = ordered(input_ids=ids).logits
+        torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+        shared = (wrap(base, topk_blocks=32)(input_ids=ids).logits - full).abs().max()
+    assert shared > 1e-4 and shared > 30 * (got - full).abs().max()  # a random model's logits move little
+    _, state = ordered.step(ids[:, :length])
+    assert state.tensors["repr.0"].shape[2] >= 5  # blocks were cut and read, not a document inside the window
+    bare = base.generate(ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ordered.generate(ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=0), bare)
+
+
 def test_call_rope_follows_each_new_position_tensor():
     """The per-call RoPE cache is keyed by the position tensor itself: keyed by `id()`, a freed tensor's id came
     back for the next decoding step's positions and returned the previous step's angles (a query un-rotated one
@@ -447,6 +467,12 @@ def test_blocks_past_the_ram_budget_live_in_memory_mapped_files_and_read_the_sam
         ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),
         ({"window": 240}, ["240", "exceeds", "256"]),
         ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
+        ({"block_positions": "shared"}, ["block_positions", "shared", "window", "ordered"]),
+        ({"block_positions": "ordered", "topk_blocks": 21}, ["ordered", "topk_blocks 21", "264", "256", "'window'"]),
+        (
+            {"block_positions": "ordered", "topk_blocks": 11, "keep_question_blocks": True},
+            ["22 blocks", "twice with keep_question_blocks", "272"],
+        ),
     ],
 )
 def test_bad_fields_are_refused_naming_the_value_and_the_allowed_ones(fields, words):
@@ -607,3 +633,16 @@ def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blo
     assert model.memory.trace[layer][-1]["blocks"] > 2 and len(model.memory.trace[layer][-1]["selected"][0]) == 2
     out = model.generate(long[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert out.shape == (1, 93)
+    if (
+        model.adapter.rope_module is None
+        or family in STATE_OUTSIDE_ATTENTION
+        or getattr(base.config, "sliding_window", None)
+    ):
+        return  # a sliding-window layer reads blocks its own window would not (Mistral, Gemma2/3's local layers)
+    # ordered block positions with every block retrieved: the family's own RoPE (partial, interleaved) puts each
+    # block key at its true position, so the whole document reads as the bare backbone reads it
+    fields = {**FAMILY_FIELDS, "topk_blocks": 6, "block_positions": "ordered"}
+    ordered = ha.wrap_with_memory(base, "infllm", **fields, **layer_overrides("infllm", family)).eval()
+    with torch.no_grad():
+        got, full = ordered(input_ids=long[:, :56]).logits, base(input_ids=long[:, :56]).logits
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)

@@ -6,7 +6,8 @@ Per memory layer and execution chunk (one segment, `segment_length` tokens; docs
 - global part: the attention sinks (the first `sink_tokens` of the stream) and the `topk_blocks` blocks of
   `block_size` older tokens whose representative keys best match the chunk's mean query (§3.2), every one seen at
   the same distance W = `window` (the query rotated by W, the stored pre-RoPE keys at position 0, InfLLM's
-  `apply_rotary_pos_emb_one_angle(global_q, n_local)`), so RoPE never leaves its trained range;
+  `apply_rotary_pos_emb_one_angle(global_q, n_local)`), so RoPE never leaves its trained range; or, with
+  `block_positions="ordered"` (beyond InfLLM), in document order at their own positions just before the tail;
 - one softmax over both parts (§3.1, eq. 1).
 A token's representative score is the attention it received from the queries of every chunk while it was local
 (InfLLM's released `local_score`; §3.2 writes the same idea with raw dot products). When the tail reaches past the
@@ -302,7 +303,15 @@ class InfLLM(MemoryMethod):
                 g_v = torch.cat([g_v.expand(batch, -1, -1, -1), b_v], dim=2)
                 g_m = torch.cat([g_m, b_m], dim=-1)
             g_mask = None if bool(g_m.all()) else self._head_mask(g_m, heads)[:, :, None, :]
-            global_part = (g_k.to(dtype), g_v.to(dtype), g_mask)
+            g_k = g_k.to(dtype)
+            if self.config.block_positions == "ordered":  # docs/infllm.md, "Block positions"
+                # sinks, then the blocks in document order (`select_blocks` sorts them), just before the tail's
+                # first position (-tail_len): each key at its own position, read by the query at its own
+                count = g_k.shape[2]
+                at = torch.arange(-tail_len - count, -tail_len, device=query.device)
+                g_k = rotate_at(context, g_k, at.expand(g_k.shape[0], count), query)
+                query_global = query
+            global_part = (g_k, g_v.to(dtype), g_mask)
         # Queries in slices whose fp32 logits stay under QUERY_SLICE_FLOATS: each slice's buffer is then reused by
         # the allocator instead of being mapped and zeroed anew (on CPU that page-faulting cost as much as the math).
         keys = tail_len + call.key.shape[2] + (0 if global_part is None else global_part[0].shape[2])

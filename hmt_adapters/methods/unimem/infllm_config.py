@@ -17,6 +17,7 @@ from ...config import MemoryConfig
 
 STORE_DTYPES = ("float32", "bfloat16", "float16", "int8")
 SELECT_PER = ("layer", "kv_head")
+BLOCK_POSITIONS = ("window", "ordered")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
 INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
 
@@ -74,6 +75,13 @@ class InfLLMConfig(MemoryConfig):
             Beyond InfLLM: each decoding step reads, besides its own top-k (InfLLM ranks blocks anew for every
             generated token), the blocks the chunk that ended in the question retrieved in the same layer, so an
             answer copied over several tokens keeps its source in view (docs/infllm.md).
+        block_positions (`str`, defaults to `"window"`):
+            Where the sinks and retrieved blocks sit for RoPE. `"window"`: every one of their keys at distance W
+            from every query (InfLLM §3.1), so a block's tokens carry no order among themselves. `"ordered"`
+            (beyond InfLLM): sinks, then the retrieved blocks in document order, each key at its own position just
+            before the local tail, as if the document were those tokens followed by the window; a passage cut at
+            the window's edge then reads in order across the cut (docs/infllm.md, "Block positions"). Distances
+            grow by the tokens read, so `window` + ... + the retrieved tokens must fit the backbone's context.
     """
 
     segment_length: int = field(default=512, metadata={"help": "Execution chunk (tokens per call).", "min": 1})
@@ -128,6 +136,10 @@ class InfLLMConfig(MemoryConfig):
         default=False, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
+    block_positions: str = field(
+        default="window",
+        metadata={"help": "RoPE positions of sinks and blocks.", "choices": BLOCK_POSITIONS, "absent": "window"},
+    )
 
     @property
     def method(self) -> str:  # type: ignore[override]  # a preset per instance, not one string per class
@@ -188,4 +200,16 @@ class InfLLMConfig(MemoryConfig):
                 f"({self.segment_length}) = {span} exceeds the backbone's {max_positions} positions: local keys would "
                 f"be read at distances it was not trained on; lower `window` or `segment_length`."
             )
+        if self.block_positions == "ordered" and max_positions is not None:
+            # a decoding step with `keep_question_blocks` reads its own blocks and the question's (`InfLLM._kept`)
+            blocks = (self.topk_blocks + self.match_blocks) * (2 if self.keep_question_blocks else 1)
+            ordered = span + sinks + blocks * block
+            if ordered > max_positions:
+                raise ValueError(
+                    f"block_positions='ordered' puts sink_tokens ({sinks}) + up to {blocks} blocks of {block} "
+                    f"tokens (topk_blocks {self.topk_blocks} + match_blocks {self.match_blocks}"
+                    f"{', twice with keep_question_blocks' if self.keep_question_blocks else ''}) before the local "
+                    f"span ({span}): {ordered} positions, past the backbone's {max_positions}; lower `topk_blocks` "
+                    "or `window`, or use block_positions='window'."
+                )
         return window, sinks, block
