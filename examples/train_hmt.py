@@ -169,3 +169,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # torch asks every launched process to destroy its group before exit (a rank tearing gloo down at interpreter
+    # exit can abort: tests/zero2_worker.py); a process started without a launcher has none and this does nothing
+    PartialState().destroy_process_group()
