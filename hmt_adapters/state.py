@@ -132,19 +132,33 @@ def _describe(meta: dict[str, str], keys: list[str]) -> str:
     return f"a safetensors file of {len(keys)} tensor(s) ({sample or 'none'}) without memory-state metadata"
 
 
+def _every_row(index: torch.Tensor, batch_size: int) -> bool:
+    """Whether `index` is `0, 1, ..., batch_size - 1`: every row, in order."""
+    return index.numel() == batch_size and index.tolist() == list(range(batch_size))
+
+
 def select_rows(state: MemoryState, index: torch.Tensor) -> MemoryState:
-    """The state of rows `index` (state tensors are batch-first); pending tokens follow their rows."""
-    out = MemoryState(
-        state.method, {k: v[index] for k, v in state.tensors.items()}, state.segments_seen, extras=dict(state.extras)
-    )
+    """The state of rows `index` (state tensors are batch-first); pending tokens follow their rows.
+
+    Every row in order gives the same tensors, not copies: methods never write into a state's tensors (each update
+    returns new ones), and a store can be most of the machine's memory (InfLLM's blocks of a 128k prompt are 6 GB
+    on SmolLM2-135M, all copied by each `generate` from that state before this)."""
+    if _every_row(index, state.batch_size):
+        tensors = dict(state.tensors)
+    else:
+        tensors = {k: v[index] for k, v in state.tensors.items()}
+    out = MemoryState(state.method, tensors, state.segments_seen, extras=dict(state.extras))
     if state.pending_ids is not None and state.pending_mask is not None:
         out.pending_ids, out.pending_mask = state.pending_ids[index], state.pending_mask[index]
     return out
 
 
 def merge_rows(parts: list[tuple[torch.Tensor, MemoryState]], batch_size: int) -> dict[str, torch.Tensor]:
-    """State tensors of a whole batch from `(rows, state)` parts that cover every row once."""
+    """State tensors of a whole batch from `(rows, state)` parts that cover every row once (one part holding every
+    row in order: its tensors, not copies; see `select_rows`)."""
     first = parts[0][1].tensors
+    if len(parts) == 1 and _every_row(parts[0][0], batch_size):
+        return dict(first)
     merged = {}
     for name, value in first.items():
         out = value.new_empty((batch_size, *value.shape[1:]))
