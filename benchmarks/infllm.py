@@ -2,7 +2,8 @@
 
 Every sample is keyed by (reader, task, haystack, length, depth, seed) in `--out` (JSONL): `--update` adds the
 samples not yet there and never repeats one, so a cell grows across runs; `--table` prints the tables (accuracy,
-sample count, 95% Wilson interval). Sample i of a cell has seed `--seed + i` and depth `depths[i % len(depths)]`.
+sample count, 95% Wilson interval). Sample i of a cell has seed `--seed + i` and depth `depths[i % len(depths)]`
+(with `--seeds`, seed s has depth `depths[(s - --seed) % len(depths)]`, as it has in a `--samples` run).
 
 Readers:
 - `backbone`: the bare backbone on the last `--context` tokens (its trained context; at lengths up to it this is
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         type=int,
         default=None,
-        help="these seeds instead of --seed .. --seed + --samples - 1 (sample i: depths[i %% len(depths)])",
+        help="these seeds instead of --seed .. --seed + --samples - 1 (seed s: depths[(s - --seed) %% len(depths)])",
     )
     p.add_argument("--haystack", default=None, help="haystack for every task (default: each task's own)")
     p.add_argument("--context", type=int, default=None, help="the backbone reader's context (default: its config's)")
@@ -171,8 +172,11 @@ def main() -> None:
         for task in args.tasks:
             samples = []
             seeds = args.seeds or [args.seed + i for i in range(args.samples)]
-            for i, seed in enumerate(seeds):
-                # multi-needle tasks place their needles at random depths (the record's depth is None)
+            for seed in seeds:
+                # multi-needle tasks place their needles at random depths (the record's depth is None); a seed keeps
+                # its depth whether it comes from --samples or --seeds, so a reader re-run on some seeds reads the
+                # same prompts as the cell it is compared with
+                i = seed - args.seed
                 depth = args.depths[i % len(args.depths)] if task in SINGLE_NEEDLE_TASKS else None
                 kwargs = {"seed": seed, "depth": depth}
                 if args.haystack:
