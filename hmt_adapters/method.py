@@ -89,6 +89,10 @@ class MemoryMethod(nn.Module):
     # True: `update` itself handles rows without a real token (e.g. appends masked slots so that every row's store
     # keeps one layout); the runtime then does not put such rows back to their old state.
     updates_empty_rows: ClassVar[bool] = False
+    # True: `update` reads nothing but what the segment's attention recorded (`layout.attention.records`) and the
+    # segment itself, and is `write_records`. Generation then closes a segment decoded token by token from the
+    # records its steps kept instead of reading it again (`runtime/open_segment.close`).
+    writes_from_records: bool = False
 
     def __init__(self, config: MemoryConfig, backbone: BackboneAdapter):
         super().__init__()
@@ -145,3 +149,7 @@ class MemoryMethod(nn.Module):
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         """The state after `segment`, from the final hidden states of its whole window `[B, W, d]`."""
         return state
+
+    def write_records(self, segment: Segment, state: State, layout: Layout) -> State:
+        """The state after `segment` from its attention records alone (methods with `writes_from_records`)."""
+        raise NotImplementedError(f"{type(self).__name__} writes its state from hidden states (`update`).")

@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
 import hmt_adapters as ha
-from cases import SEGMENT, cases, wrap
+from cases import METHOD_CASES, SEGMENT, cases, wrap
 from hmt_adapters.compat import output_cache
 from tiny import MAX_POSITIONS, VOCAB, random_ids, tiny_llama, tiny_tokenizer
 
@@ -69,6 +69,25 @@ def test_decoding_inside_a_segment_extends_its_cache_instead_of_reading_it_again
         return sum(plans)
 
     assert plans_for(2) == plans_for(SEGMENT)  # tokens decoded inside the open segment never re-plan it
+
+
+@pytest.mark.parametrize("method", list(METHOD_CASES))
+def test_a_decoded_segment_closes_from_its_records_where_the_method_writes_from_them(method, monkeypatch):
+    model = wrap(method, "llama").eval()
+    runs = []
+    run = model.runtime.run
+    monkeypatch.setattr(model.runtime, "run", lambda *args, **kwargs: runs.append(1) or run(*args, **kwargs))
+
+    def runs_for(new_tokens: int) -> int:
+        runs.clear()
+        model.generate(input_ids=random_ids(1, 2 * SEGMENT), **no_eos(new_tokens))
+        return len(runs)
+
+    closing = runs_for(SEGMENT + 2) - runs_for(2)  # the decoded third segment fills up and closes
+    assert closing == (0 if model.memory.writes_from_records else 1)
+    assert model.memory.writes_from_records == (
+        method in ("transformer_xl", "trams", "memorizing_transformer", "elastic")
+    )
 
 
 @pytest.mark.parametrize("method,reader", [("trams", "read_trams"), ("transformer_xl", "read_all")])
@@ -149,7 +168,7 @@ def test_prompts_far_beyond_the_backbone_positions_generate(family):
     assert out.shape == (1, ids.shape[1] + 3 * SEGMENT) and int(out.max()) < VOCAB
 
 
-@pytest.mark.parametrize("method", ["hmt", "transformer_xl"])
+@pytest.mark.parametrize("method", ["hmt", "transformer_xl", "trams", "memorizing_transformer", "elastic", "unimix"])
 def test_state_after_generation_equals_the_state_forward_builds(method):
     model = wrap(method, "llama").eval()
     ids = random_ids(2, 2 * SEGMENT + 5)

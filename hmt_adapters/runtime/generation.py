@@ -19,7 +19,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..state import MemoryState, merge_rows, select_rows
-from .open_segment import OpenSegment, can_extend, extend, fold, fold_last
+from .open_segment import OpenSegment, can_extend, close, extend, fold, fold_last
 from .packing import Packing, align_ends
 from .segments import closed_part
 
@@ -254,13 +254,20 @@ class RowGroup:
 
     def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Read new tokens `[g, n]`; returns the logits of the last one, `[g, 1, V]` (the computing is the segment
-        engine's: `open_segment.fold`, `fold_last`, `extend`)."""
+        engine's: `open_segment.fold`, `fold_last`, `extend`, `close`)."""
         runtime, length = self.model.runtime, self.segment_length
         if self.open is not None:
             ids = torch.cat([self.open.ids, ids], dim=1)
             mask = torch.cat([self.open.mask, mask], dim=1)
             if not can_extend(runtime, self.open, ids.shape[1] - self.open.ids.shape[1]):
                 self.open = None
+        if self.open is not None and self.open.records is not None and ids.shape[1] >= length:
+            # the open segment fills up: written from what its steps recorded, not read again
+            logits, self.state = close(runtime, self.open, ids[:, :length], mask[:, :length], self.state)
+            self.open = None
+            ids, mask = ids[:, length:], mask[:, length:]
+            if not ids.shape[1]:
+                return logits
         full = closed_part(ids.shape[1], length)
         if full and full == ids.shape[1]:
             self.open = None

@@ -2,9 +2,10 @@
 token through the backbone's own cache (`MemoryGenerationCache` in `generation.py` keeps rows, states and open
 segments, and calls these).
 
-A segment is opened from the state of the closed ones (its layout prepared once, nothing recorded: it is read again
-when it closes), extended by new tokens with the backbone's cache over `[prefix ; tokens]`, and folded into memory
-with the exact training-time segment step when it fills up.
+A segment is opened from the state of the closed ones (its layout prepared once), extended by new tokens with the
+backbone's cache over `[prefix ; tokens]`, and folded into memory when it fills up: from the attention records its
+steps kept where the method writes from those alone (`MemoryMethod.writes_from_records`: the K/V methods), else by
+reading it again with the exact training-time segment step (methods that write from hidden states: HMT, RMT, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..attention import MEMORY_KWARG
 from ..backbones import positions_from_mask
 from ..method import Layout, Segment
 from ..state import MemoryState
-from .segments import SegmentRuntime
+from .segments import SegmentRuntime, keep_rows
 
 PREFILL_SEGMENTS = 32  # segments read per runtime call while prefilling (bounds transient memory)
 
@@ -33,6 +34,8 @@ class OpenSegment:
     window_mask: torch.Tensor  # [B, P + r]
     cache: Any
     prepared_with: int  # segment tokens the layout was prepared from
+    # The attention records of each step (None: not kept, the segment is read again when it closes).
+    records: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None
 
 
 def fold(runtime: SegmentRuntime, ids: torch.Tensor, mask: torch.Tensor, state: MemoryState) -> MemoryState:
@@ -78,10 +81,13 @@ def extend(
             layout = method.prepare(segment, state.tensors, method.plan([segment], state.tensors)[0])
         else:  # `disable_memory()`: the open segment is read alone too, as in `forward`
             layout = Layout()
-        if layout.attention is not None:  # records feed `update`, and a segment is read again when it closes
+        records_write = not runtime.memory_enabled or method.writes_from_records
+        if layout.attention is not None and not records_write:  # the segment is read again when it closes
             layout.attention.record_layers = frozenset()
         window, window_mask = runtime.assemble(segment, layout, suffix=False)
-        open_ = OpenSegment(ids[:, :0], mask[:, :0], layout, window_mask[:, :0], None, ids.shape[1])
+        open_ = OpenSegment(
+            ids[:, :0], mask[:, :0], layout, window_mask[:, :0], None, ids.shape[1], [] if records_write else None
+        )
         new_embeds, new_mask = window, window_mask
     else:
         fresh = ids.shape[1] - open_.ids.shape[1]
@@ -90,6 +96,36 @@ def extend(
     positions = positions_from_mask(window_mask)[:, -new_embeds.shape[1] :]
     extra = {} if open_.layout.attention is None else {MEMORY_KWARG: open_.layout.attention}
     hidden, cache = adapter.body_cached(new_embeds, window_mask, positions, open_.cache, **extra)
+    records = open_.records
+    if records is not None and open_.layout.attention is not None:
+        records = [*records, open_.layout.attention.records]
+        open_.layout.attention.records = {}
     return adapter.logits(hidden[:, -1:]), OpenSegment(
-        ids, mask, open_.layout, window_mask, cache, open_.prepared_with
+        ids, mask, open_.layout, window_mask, cache, open_.prepared_with, records
     )
+
+
+def close(
+    runtime: SegmentRuntime, open_: OpenSegment, ids: torch.Tensor, mask: torch.Tensor, state: MemoryState
+) -> tuple[torch.Tensor, MemoryState]:
+    """Close the open segment (`open_.records` kept) with its last tokens: `ids`/`mask` `[B, segment_length]` are
+    the whole segment. The new tokens go through its cache and memory is written from the records of every step,
+    what reading the segment again would record (the same layout, causal attention); returns the last token's logits
+    `[B, 1, V]` and the state after the segment."""
+    assert open_.records is not None
+    logits, open_ = extend(runtime, open_, ids, mask, state)
+    tensors, context = state.tensors, open_.layout.attention
+    if context is not None:
+        assert open_.records is not None
+        context.records = {
+            layer: (
+                torch.cat([r[layer][0] for r in open_.records], 2),
+                torch.cat([r[layer][1] for r in open_.records], 2),
+            )
+            for layer in context.record_layers
+        }
+        segment = Segment(ids, mask, state.segments_seen, None)
+        tensors = runtime.method.write_records(segment, tensors, open_.layout)
+        if not runtime.method.updates_empty_rows:
+            tensors = keep_rows(segment.real_rows, tensors, state.tensors)
+    return logits, MemoryState(state.method, tensors, state.segments_seen + 1, extras=dict(state.extras))

@@ -43,6 +43,7 @@ class ElasticMemory(MemoryMethod):
     config_class = ElasticMemoryConfig
     config: ElasticMemoryConfig
     needs_attention = True
+    writes_from_records = True
 
     def __init__(self, config: ElasticMemoryConfig, backbone):
         super().__init__(config, backbone)
@@ -136,6 +137,9 @@ class ElasticMemory(MemoryMethod):
         return Layout(attention=context)
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
+        return self.write_records(segment, state, layout)
+
+    def write_records(self, segment: Segment, state: State, layout: Layout) -> State:
         lengths = state["length"]
         real = segment.mask.bool()
         P, K = self.block_matrices(lengths.tolist(), real)

@@ -32,6 +32,7 @@ class UniMem(MemoryMethod):
         self.layers = self.resolve_layers("`memory_layers`", layers)
         m = self.settings.memory_tokens
         self.tokens = RecurrentTokens(m, backbone.embed_dim) if m else None
+        self.writes_from_records = self.tokens is None  # UniMix's tokens are written from hidden states
         self.memory_init = learned_tokens(m, backbone.embed_dim, backbone.embedding_std()) if m else None
         # Original Memorizing Transformer gate: alpha_h = sigmoid(theta_h) per memory layer and query head; 0 = 1/2.
         gated = config.combine == "gated"
@@ -100,13 +101,17 @@ class UniMem(MemoryMethod):
         return layout
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
+        out = self.write_records(segment, state, layout)
+        if self.tokens is not None:
+            out.update(self.tokens.write(state, hidden))
+        return out
+
+    def write_records(self, segment: Segment, state: State, layout: Layout) -> State:
+        """The K/V store after `segment`: its tokens' recorded pre-RoPE keys and values pushed in (UniMem §3.2)."""
         start, length = layout.prefix_length, segment.ids.shape[1]
         new = {}
         for i in self.layers:
             k, v = layout.attention.records[i]
             k, v = k[:, :, start : start + length], v[:, :, start : start + length]
             new[i] = (k.detach(), v.detach()) if self.config.detach_memory else (k, v)
-        out = push_kv(state, new, segment.mask)
-        if self.tokens is not None:
-            out.update(self.tokens.write(state, hidden))
-        return out
+        return push_kv(state, new, segment.mask)
