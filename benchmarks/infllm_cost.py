@@ -3,9 +3,12 @@ King James Bible, book after book) chunk by chunk, and at each checkpoint (8k, 3
 - the process CPU seconds per 1k tokens over the `--span` tokens before it (a chunk's cost at that depth),
 - the resident memory then and the peak so far, and the blocks in memory,
 - decode tokens/s from the state there: greedy continuation of the next `--new-tokens` tokens, the time of one
-  generated token (the prompt's last chunk) subtracted;
-- the bare model's decode tokens/s after a prompt of the first checkpoint's length (8k: its own context), measured
-  the same way right after, so the two rates see the same machine state.
+  generated token subtracted;
+- the bare model's decode tokens/s after a prompt of the first checkpoint's length (8k: its own context), from a
+  cache of that prompt filled once at the start (so no prompt is read inside the timing: two 8k prefills subtracted
+  from each other left noise larger than 16 decoded tokens), measured the same way;
+the two decode rates in `--decode-rounds` interleaved rounds (memory, bare, memory, bare, ...), medians kept with
+every round's values, so both see the same machine state.
 
     python benchmarks/infllm_cost.py --threads 1                      # 8k, 32k, 128k (about 40 CPU-minutes)
     python benchmarks/infllm_cost.py --lengths 8k 32k 128k 1m --fields store_dtype=int8 --name infllm_cost_1m
@@ -18,9 +21,12 @@ docs/infllm.md (`infllm-scaling`).
 from __future__ import annotations
 
 import argparse
+import copy
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
 from common import parse_field, peak_rss_bytes, rss_bytes, write_result  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
+from hmt_adapters.compat import cache_kwargs, output_cache  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from longcontext import parse_length  # noqa: E402
 
@@ -46,13 +53,17 @@ def bible(tokenizer, length: int) -> torch.Tensor:
     raise SystemExit(f"the KJV has {len(ids)} tokens, fewer than --lengths asks for ({length + 1})")
 
 
-def decode_rate(model, prompt: torch.Tensor, new_tokens: int, **kwargs) -> float:
+def decode_rate(model, prompt: torch.Tensor, new_tokens: int, cache: Any = None, **kwargs) -> float:
     """Greedy tokens/s of `model.generate` continuing `prompt` `[1, n]`: (time for 1 + new_tokens tokens - time for
-    1 token) / new_tokens, in process CPU seconds, so the prompt's reading is not counted."""
+    1 token) / new_tokens, in process CPU seconds, so the prompt's reading is not counted. `cache`: the backbone's
+    cache of all but the prompt's last token, copied for each run (outside the timing)."""
 
     def timed(count: int) -> float:
+        extra = {} if cache is None else cache_kwargs(copy.deepcopy(cache))
         start = time.process_time()
-        model.generate(input_ids=prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False, **kwargs)
+        model.generate(
+            input_ids=prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False, **extra, **kwargs
+        )
         return time.process_time() - start
 
     with torch.no_grad():
@@ -65,6 +76,7 @@ def main() -> None:
     parser.add_argument("--span", type=int, default=4096, help="tokens before each checkpoint its cost averages")
     parser.add_argument("--new-tokens", type=int, default=16, help="tokens decoded at each checkpoint")
     parser.add_argument("--fields", nargs="*", type=parse_field, default=[], metavar="NAME=VALUE")
+    parser.add_argument("--decode-rounds", type=int, default=3, help="interleaved decode rounds per checkpoint")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--name", default="infllm_cost", help="results file name")
     args = parser.parse_args()
@@ -86,10 +98,14 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "command": " ".join(sys.argv),
         "bare_prompt_tokens": lengths[0],
+        "bare_prefilled": True,
+        "decode_rounds": args.decode_rounds,
         "checkpoints": {},
     }
     state, seconds = None, []
+    bare_prompt = ids[None, : lengths[0]]
     with torch.no_grad():
+        bare_cache = output_cache(base(bare_prompt[:, :-1], use_cache=True))
         for start in range(0, lengths[-1], chunk):
             begin = time.process_time()
             _, state = model.step(ids[None, start : start + chunk], state, return_logits=False)
@@ -99,18 +115,23 @@ def main() -> None:
                 continue
             rss, peak = rss_bytes() / GB, peak_rss_bytes() / GB
             last = seconds[-(args.span // chunk) :]
+            rounds: dict[str, list[float]] = {"memory": [], "bare": []}
+            for _ in range(args.decode_rounds):
+                rounds["memory"].append(
+                    decode_rate(
+                        model, ids[None, read : read + 1], args.new_tokens, memory_state=state, pad_token_id=pad
+                    )
+                )
+                rounds["bare"].append(decode_rate(base, bare_prompt, args.new_tokens, bare_cache, pad_token_id=pad))
             point = {
                 "cpu_seconds_per_1k_tokens": 1000 * sum(last) / args.span,
                 "cpu_seconds_so_far": sum(seconds),
                 "rss_gb": rss,
                 "peak_rss_gb": peak,
                 "blocks": int(state.tensors["repr.0"].shape[2]),
-                "decode_tokens_per_s": decode_rate(
-                    model, ids[None, read : read + 1], args.new_tokens, memory_state=state, pad_token_id=pad
-                ),
-                "bare_decode_tokens_per_s": decode_rate(
-                    base, ids[None, : lengths[0]], args.new_tokens, pad_token_id=pad
-                ),
+                "decode_tokens_per_s": statistics.median(rounds["memory"]),
+                "bare_decode_tokens_per_s": statistics.median(rounds["bare"]),
+                "decode_rounds": rounds,
             }
             result["checkpoints"][str(read)] = point
             print(read, point, flush=True)

@@ -509,6 +509,11 @@ def infllm_scaling() -> str | None:
         (bare_at, once), *_ = data["bare_decode_tokens_per_s"].items()
         when = "once at the start"
     bare_note = f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured {when}"
+    if data.get("bare_prefilled"):
+        bare_note += (
+            f" from a cache of that prompt filled once (medians of {data['decode_rounds']} interleaved rounds of "
+            "both rates)"
+        )
     lines = [
         f'`python {data["command"]}` ({commit(data)}): SmolLM2-135M with `"infllm"` reads the {data["document"]}; '
         f"process CPU seconds (one torch thread) per 1k tokens over the {data['span']} tokens before each length, "
