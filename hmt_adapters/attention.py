@@ -217,13 +217,17 @@ class AttentionContext:
     """Per backbone call: what each memory layer reads, and the K/V each recorded layer saw.
 
     `reads[i](call, context)` returns the layer's attention output; `records[i]` is `(pre-RoPE keys, values)` of
-    the tokens of this call, `[B, Hkv, q, D]` each, for layers in `record_layers`.
+    the tokens of this call, `[B, Hkv, q, D]` each, for layers in `record_layers`. With `rotated_records` set
+    (decoding, one token a call), `records[i]` is `(post-RoPE keys, values, the call's RoPE)` instead, and
+    `unrotate_records` undoes RoPE once for all the steps of a segment: undoing it per token and layer cost more
+    than the decoded token's attention (docs/cost.md, decode).
     """
 
     reads: dict[int, Callable[[AttentionCall, AttentionContext], Any]] = field(default_factory=dict)
     record_layers: frozenset[int] = frozenset()
     rotary: Rotary | None = None  # (position_ids, like, layer) -> (cos, sin); None for families without RoPE
     records: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    rotated_records: bool = False
     calls: int = 0
     layer: int | None = None  # the layer whose attention runs now (RoPE can differ per layer type)
     notes: dict[int | str, Any] = field(default_factory=dict)  # what a method's read hands to its update (per layer)
@@ -276,8 +280,28 @@ class AttentionContext:
         layer = self.layer = call.layer
         if layer in self.record_layers:
             q_len = call.query.shape[2]
-            self.records[layer] = (self.pre_rope(call, call.key[:, :, -q_len:]), call.value[:, :, -q_len:])
+            k, v = call.key[:, :, -q_len:], call.value[:, :, -q_len:]
+            if self.rotated_records:
+                self.records[layer] = (k, v, self.call_rope(call))  # type: ignore[assignment]
+            else:
+                self.records[layer] = (self.pre_rope(call, k), v)
         read = self.reads.get(layer)
         if read is None:
             return call.run()
         return read(call, self)
+
+
+def unrotate_records(steps: list[dict[int, tuple]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """`(pre-RoPE keys, values)` per layer, `[B, Hkv, n, D]`, from the `rotated_records` of consecutive calls
+    (`(post-RoPE keys, values, RoPE of the call)` each), RoPE undone once per layer."""
+    out = {}
+    for layer in steps[0] if steps else ():
+        parts = [step[layer] for step in steps]
+        keys = torch.cat([k for k, _, _ in parts], 2)
+        values = torch.cat([v for _, v, _ in parts], 2)
+        if parts[0][2] is not None:
+            cos = torch.cat([rope[0][:, -k.shape[2] :] for k, _, rope in parts], 1)
+            sin = torch.cat([rope[1][:, -k.shape[2] :] for k, _, rope in parts], 1)
+            keys = unrotate(keys, cos, sin, *parts[0][2][2:])
+        out[layer] = (keys, values)
+    return out

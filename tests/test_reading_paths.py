@@ -198,3 +198,37 @@ def test_one_decoded_token_without_concatenation_equals_the_prefix_attention(mem
         atol=1e-6,
         rtol=1e-5,
     )
+
+
+@pytest.mark.parametrize("memory_heads", [2, 4])  # key/value heads (Transformer-XL, Elastic) or query heads (TRAMS)
+@pytest.mark.parametrize("all_visible", [True, False])
+def test_decoded_tokens_over_kept_keys_equal_the_prefix_attention_at_every_step(memory_heads, all_visible):
+    """`decoded_token_attention` keeps `[memory ; window]` between steps and appends only the new window entries:
+    at every step it equals the prefix attention over the whole window, while the window grows past the buffer's
+    room, when it stops growing (a rolling cache: copied again) and when a padding mask appears."""
+    gen = torch.Generator().manual_seed(7)
+    B, Hq, Hkv, S, D = 2, 4, 2, 5, 8
+    visible = torch.ones(B, memory_heads, 1, S, dtype=torch.bool)
+    if not all_visible:
+        visible = torch.rand(B, memory_heads, 1, S, generator=gen) > 0.3
+    read = MemoryRead(
+        torch.randn(B, memory_heads, S, D, generator=gen), torch.randn(B, memory_heads, S, D, generator=gen), visible
+    )
+    reference = MemoryRead(read.k.clone(), read.v.clone(), visible)
+    key, value = torch.randn(B, Hkv, 3, D, generator=gen), torch.randn(B, Hkv, 3, D, generator=gen)
+    for step in range(80):  # grows past the first buffer (64 + 2 * 3 entries), then rolls (sliding window of 72)
+        new_k, new_v = torch.randn(B, Hkv, 1, D, generator=gen), torch.randn(B, Hkv, 1, D, generator=gen)
+        key, value = torch.cat([key, new_k], 2)[:, :, -72:], torch.cat([value, new_v], 2)[:, :, -72:]
+        mask = None
+        if step >= 40:  # a left-padded row from here on (the layer's own bool mask)
+            mask = torch.ones(B, 1, 1, key.shape[2], dtype=torch.bool)
+            mask[1, ..., :2] = False
+        query = torch.randn(B, Hq, 1, D, generator=gen)
+        local = local_visibility(mask, 1, key.shape[2], query.device)
+        torch.testing.assert_close(
+            attend.decoded_token_attention(query, key, value, mask, read, 0.3),
+            dense_prefix_attention(query, key, value, local, reference, 0.3),
+            atol=1e-6,
+            rtol=1e-5,
+        )
+    assert read.decoding is not None and read.decoding.local == 72

@@ -27,6 +27,22 @@ class MemoryRead:
     pq_logits: torch.Tensor | None = None  # [B, Hq, q, K] scaled logits of entries retrieved per query
     pq_v: torch.Tensor | None = None  # [B, Hq, q, K, D]
     pq_visible: torch.Tensor | None = None  # [B, Hq, q, K] bool
+    decoding: DecodeKeys | None = None  # `[read ; window]` kept between decoded tokens (`decoded_token_attention`)
+
+
+@dataclass
+class DecodeKeys:
+    """One layer's `[memory ; window]` keys and values while its segment is decoded token by token.
+
+    The memory part is copied once; each decoding step appends the window's new entries, so torch SDPA reads one
+    contiguous prefix of the buffers instead of the memory being concatenated to the window every token.
+    """
+
+    k: torch.Tensor  # [B, Hb, S + capacity, D], Hb = the read's heads (key/value or query heads)
+    v: torch.Tensor
+    visible: torch.Tensor | None  # [B, 1|Hq, 1, S + capacity] bool, or None while every entry is visible
+    size: int  # memory entries S
+    local: int = 0  # window entries held after the memory
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -82,9 +98,12 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
     shared_only = gate is None and read.pq_logits is None
     softcap = family_softcap(call)
     if shared_only and q_len == 1 and not softcap and not call.dropout:  # one decoded token
-        local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
         scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-        out = one_token_attention(call.query, call.key, call.value, local, read, scaling)
+        if call.impl == "eager":  # explicit, as the user's kernel
+            local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
+            out = one_token_attention(call.query, call.key, call.value, local, read, scaling)
+        else:
+            out = decoded_token_attention(call.query, call.key, call.value, call.attention_mask, read, scaling)
         return out.transpose(1, 2).contiguous(), None
     if shared_only and read.k.shape[1] == call.key.shape[1]:
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
@@ -145,6 +164,66 @@ def one_token_attention(
     )
     probs = torch.softmax(logits.masked_fill(~visible, torch.finfo(torch.float32).min), dim=-1).to(query.dtype)
     return head_mix(probs[..., :size], read.v.to(query.dtype)) + head_mix(probs[..., size:], value)
+
+
+def decoded_token_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    read: MemoryRead,
+    scaling: float,
+) -> torch.Tensor:
+    """`[B, Hq, 1, D]`: one decoded token over `[read ; local]` in one softmax, through torch SDPA.
+
+    `key`/`value` `[B, Hkv, T, D]` are the layer's whole window (its cache, post-RoPE), which grows by the decoded
+    tokens while `read` is the segment's memory: `read.decoding` keeps `[memory ; window]` between steps and each
+    step copies in only the window entries it has not seen. A window that did not grow (a sliding-window layer's
+    rolling cache) is copied whole again. The same softmax as `one_token_attention`, at the cost of SDPA over one
+    contiguous prefix (docs/cost.md, decode).
+    """
+    batch, heads, _, dim = query.shape
+    window = key.shape[2]
+    held = read.decoding
+    if held is None or window <= held.local or held.size + window > held.k.shape[2]:
+        held = read.decoding = _decode_keys(read, query, window)
+    start, end = held.size + held.local, held.size + window
+    read_heads = held.k.shape[1]
+    held.k[:, :, start:end] = expand_heads(key[:, :, held.local :], read_heads)
+    held.v[:, :, start:end] = expand_heads(value[:, :, held.local :], read_heads)
+    if attention_mask is not None and held.visible is None:  # padding in the window: a mask from now on
+        held.visible = _decode_visible(read, query, held.k.shape[2])
+    if held.visible is not None:
+        local = local_visibility(attention_mask, 1, window, query.device) if attention_mask is not None else True
+        held.visible[..., held.size : end] = local
+    held.local = window
+    mask = None if held.visible is None else held.visible[..., :end]
+    return F.scaled_dot_product_attention(
+        query, held.k[:, :, :end], held.v[:, :, :end], attn_mask=mask, scale=scaling, enable_gqa=read_heads != heads
+    )
+
+
+def _decode_keys(read: MemoryRead, query: torch.Tensor, window: int) -> DecodeKeys:
+    """Buffers for `read` and a window of `window` entries with room to grow (doubling amortises the copies)."""
+    batch, heads, _, dim = query.shape
+    size, read_heads = read.k.shape[2], read.k.shape[1]
+    capacity = size + max(2 * window, 64)
+    k = query.new_empty(batch, read_heads, capacity, dim)
+    v = query.new_empty(batch, read_heads, capacity, read.v.shape[-1])
+    k[:, :, :size], v[:, :, :size] = read.k, read.v
+    read.k, read.v = k[:, :, :size], v[:, :, :size]  # one copy of the memory while decoding
+    everything = bool(read.visible.all())
+    visible = None if everything else _decode_visible(read, query, capacity)
+    return DecodeKeys(k, v, visible, size)
+
+
+def _decode_visible(read: MemoryRead, query: torch.Tensor, capacity: int) -> torch.Tensor:
+    """`[B, 1|Hq, 1, capacity]` bool with the memory's visibility in front (SDPA broadcasts 1 or every query head)."""
+    heads = query.shape[1]
+    memory = read.visible if read.visible.shape[1] == 1 else expand_heads(read.visible, heads)
+    visible = torch.ones(query.shape[0], memory.shape[1], 1, capacity, dtype=torch.bool, device=query.device)
+    visible[..., : read.k.shape[2]] = memory
+    return visible
 
 
 def _masked(logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:

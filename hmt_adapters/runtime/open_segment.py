@@ -4,8 +4,10 @@ segments, and calls these).
 
 A segment is opened from the state of the closed ones (its layout prepared once), extended by new tokens with the
 backbone's cache over `[prefix ; tokens]`, and folded into memory when it fills up: from the attention records its
-steps kept where the method writes from those alone (`MemoryMethod.writes_from_records`: the K/V methods), else by
-reading it again with the exact training-time segment step (methods that write from hidden states: HMT, RMT, ...).
+steps kept where the method writes from those alone (`MemoryMethod.writes_from_records`: the K/V methods), from
+those and the steps' hidden states with the window's suffix run through the cache where it writes from the window
+(`writes_from_window`: HMT, RMT, UniMix), else by reading it again with the exact training-time segment step
+(MELODI, InfLLM: their writes use what their reads noted).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..attention import MEMORY_KWARG
+from ..attention import MEMORY_KWARG, unrotate_records
 from ..backbones import positions_from_mask
 from ..method import Layout, Segment
 from ..state import MemoryState
@@ -34,8 +36,12 @@ class OpenSegment:
     window_mask: torch.Tensor  # [B, P + r]
     cache: Any
     prepared_with: int  # segment tokens the layout was prepared from
-    # The attention records of each step (None: not kept, the segment is read again when it closes).
-    records: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None
+    # The attention records of each step, RoPE not undone yet (`AttentionContext.rotated_records`; None: not kept,
+    # the segment is read again when it closes).
+    records: list[dict[int, tuple]] | None = None
+    # The final hidden states of each step's window positions, `[B, n, d]`, where the method writes from the window
+    # (`MemoryMethod.writes_from_window`); None: not kept.
+    hidden: list[torch.Tensor] | None = None
 
 
 def fold(runtime: SegmentRuntime, ids: torch.Tensor, mask: torch.Tensor, state: MemoryState) -> MemoryState:
@@ -69,6 +75,16 @@ def can_extend(runtime: SegmentRuntime, open_: OpenSegment, new: int) -> bool:
     return open_.prepared_with >= runtime.method.layout_fixed_after()
 
 
+def closes_from_steps(runtime: SegmentRuntime) -> bool:
+    """Whether a decoded segment closes from what its steps kept, not by reading it again: methods that write from
+    attention records alone (`writes_from_records`), and methods that write from the window's hidden states and
+    records (`writes_from_window`) where the backbone's cache takes the suffix's tokens in one call."""
+    method = runtime.method
+    if not runtime.memory_enabled or method.writes_from_records:
+        return True
+    return method.writes_from_window and runtime.backbone.continues_multi_token
+
+
 def extend(
     runtime: SegmentRuntime, open_: OpenSegment | None, ids: torch.Tensor, mask: torch.Tensor, state: MemoryState
 ) -> tuple[torch.Tensor, OpenSegment]:
@@ -81,27 +97,49 @@ def extend(
             layout = method.prepare(segment, state.tensors, method.plan([segment], state.tensors)[0])
         else:  # `disable_memory()`: the open segment is read alone too, as in `forward`
             layout = Layout()
-        records_write = not runtime.memory_enabled or method.writes_from_records
-        if layout.attention is not None and not records_write:  # the segment is read again when it closes
+        kept = closes_from_steps(runtime)
+        if layout.attention is not None and not kept:  # the segment is read again when it closes
             layout.attention.record_layers = frozenset()
+        elif layout.attention is not None:  # RoPE undone once when the segment closes (`unrotate_records`)
+            layout.attention.rotated_records = True
         window, window_mask = runtime.assemble(segment, layout, suffix=False)
+        keep_hidden = kept and runtime.memory_enabled and not method.writes_from_records
         open_ = OpenSegment(
-            ids[:, :0], mask[:, :0], layout, window_mask[:, :0], None, ids.shape[1], [] if records_write else None
+            ids[:, :0],
+            mask[:, :0],
+            layout,
+            window_mask[:, :0],
+            None,
+            ids.shape[1],
+            [] if kept else None,
+            [] if keep_hidden else None,
         )
         new_embeds, new_mask = window, window_mask
     else:
         fresh = ids.shape[1] - open_.ids.shape[1]
         new_embeds, new_mask = adapter.embed(ids[:, -fresh:]), mask[:, -fresh:]
-    window_mask = torch.cat([open_.window_mask, new_mask.to(open_.window_mask.dtype)], dim=1)
-    positions = positions_from_mask(window_mask)[:, -new_embeds.shape[1] :]
-    extra = {} if open_.layout.attention is None else {MEMORY_KWARG: open_.layout.attention}
-    hidden, cache = adapter.body_cached(new_embeds, window_mask, positions, open_.cache, **extra)
+    hidden, open_ = _feed(runtime, open_, new_embeds, new_mask)
+    open_.ids, open_.mask = ids, mask
+    return adapter.logits(hidden[:, -1:]), open_
+
+
+def _feed(
+    runtime: SegmentRuntime, open_: OpenSegment, embeds: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, OpenSegment]:
+    """Window positions `embeds` `[B, n, d]` (mask `[B, n]`) through the open segment's cache: their final hidden
+    states and the segment extended by them (its records and hidden states appended where they are kept)."""
+    window_mask = torch.cat([open_.window_mask, mask.to(open_.window_mask.dtype)], dim=1)
+    positions = positions_from_mask(window_mask)[:, -embeds.shape[1] :]
+    context = open_.layout.attention
+    extra = {} if context is None else {MEMORY_KWARG: context}
+    hidden, cache = runtime.backbone.body_cached(embeds, window_mask, positions, open_.cache, **extra)
     records = open_.records
-    if records is not None and open_.layout.attention is not None:
-        records = [*records, open_.layout.attention.records]
-        open_.layout.attention.records = {}
-    return adapter.logits(hidden[:, -1:]), OpenSegment(
-        ids, mask, open_.layout, window_mask, cache, open_.prepared_with, records
+    if records is not None and context is not None:
+        records = [*records, context.records]
+        context.records = {}
+    kept = None if open_.hidden is None else [*open_.hidden, hidden]
+    return hidden, OpenSegment(
+        open_.ids, open_.mask, open_.layout, window_mask, cache, open_.prepared_with, records, kept
     )
 
 
@@ -109,23 +147,27 @@ def close(
     runtime: SegmentRuntime, open_: OpenSegment, ids: torch.Tensor, mask: torch.Tensor, state: MemoryState
 ) -> tuple[torch.Tensor, MemoryState]:
     """Close the open segment (`open_.records` kept) with its last tokens: `ids`/`mask` `[B, segment_length]` are
-    the whole segment. The new tokens go through its cache and memory is written from the records of every step,
-    what reading the segment again would record (the same layout, causal attention); returns the last token's logits
-    `[B, 1, V]` and the state after the segment."""
+    the whole segment. The new tokens go through its cache and memory is written from what every step kept, what
+    reading the segment again would give (the same layout, causal attention): the records alone
+    (`write_records`), or, for a method writing from the window, the records and hidden states with the window's
+    suffix (HMT's and RMT's write slots) run through the cache after the tokens (`update`). Returns the last token's
+    logits `[B, 1, V]` and the state after the segment."""
     assert open_.records is not None
     logits, open_ = extend(runtime, open_, ids, mask, state)
-    tensors, context = state.tensors, open_.layout.attention
-    if context is not None:
+    tensors, layout = state.tensors, open_.layout
+    segment = Segment(ids, mask, state.segments_seen, None)
+    if open_.hidden is not None:
+        if layout.suffix is not None and layout.suffix_mask is not None:
+            _, open_ = _feed(runtime, open_, layout.suffix.to(open_.hidden[-1].dtype), layout.suffix_mask)
+        if layout.attention is not None:
+            assert open_.records is not None
+            layout.attention.records = unrotate_records(open_.records)
+        assert open_.hidden is not None
+        tensors = runtime.method.update(segment, tensors, layout, torch.cat(open_.hidden, dim=1))
+    elif layout.attention is not None:
         assert open_.records is not None
-        context.records = {
-            layer: (
-                torch.cat([r[layer][0] for r in open_.records], 2),
-                torch.cat([r[layer][1] for r in open_.records], 2),
-            )
-            for layer in context.record_layers
-        }
-        segment = Segment(ids, mask, state.segments_seen, None)
-        tensors = runtime.method.write_records(segment, tensors, open_.layout)
-        if not runtime.method.updates_empty_rows:
-            tensors = keep_rows(segment.real_rows, tensors, state.tensors)
+        layout.attention.records = unrotate_records(open_.records)
+        tensors = runtime.method.write_records(segment, tensors, layout)
+    if tensors is not state.tensors and not runtime.method.updates_empty_rows:
+        tensors = keep_rows(segment.real_rows, tensors, state.tensors)
     return logits, MemoryState(state.method, tensors, state.segments_seen + 1, extras=dict(state.extras))

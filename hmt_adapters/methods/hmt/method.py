@@ -23,6 +23,7 @@ class HMT(MemoryMethod):
     """Hierarchical Memory Transformer over any backbone that takes `inputs_embeds`."""
 
     config_class = HMTConfig
+    writes_from_window = True  # `update` reads the window's last hidden states
     config: HMTConfig
 
     def __init__(self, config: HMTConfig, backbone):

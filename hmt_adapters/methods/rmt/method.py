@@ -13,6 +13,7 @@ class RMT(MemoryMethod):
     """Recurrent memory tokens: read slots before the segment, write slots after it, carried between segments."""
 
     config_class = RMTConfig
+    writes_from_window = True  # `update` reads the window's last hidden states
     config: RMTConfig
 
     def __init__(self, config: RMTConfig, backbone):

@@ -33,6 +33,7 @@ class UniMem(MemoryMethod):
         m = self.settings.memory_tokens
         self.tokens = RecurrentTokens(m, backbone.embed_dim) if m else None
         self.writes_from_records = self.tokens is None  # UniMix's tokens are written from hidden states
+        self.writes_from_window = True
         self.memory_init = learned_tokens(m, backbone.embed_dim, backbone.embedding_std()) if m else None
         # Original Memorizing Transformer gate: alpha_h = sigmoid(theta_h) per memory layer and query head; 0 = 1/2.
         gated = config.combine == "gated"
