@@ -149,7 +149,8 @@ def one_token_attention(
     read: MemoryRead,
     scaling: float,
 ) -> torch.Tensor:
-    """`[B, Hq, 1, D]`: one decoded token over `[read ; local]` in one softmax (fp32), by grouped dot products.
+    """`[B, Hq, 1, D]`: one decoded token over `[read ; local]` in one softmax (fp32), by grouped dot products: the
+    decode path under eager attention (`decoded_token_attention` otherwise).
 
     Decoding calls every layer once per token: concatenating the memory to the window's keys and values (the prefix
     path) copies all of them per token, which costs more than the dot products themselves; here nothing but the

@@ -126,10 +126,11 @@ class ElasticMemory(MemoryMethod):
                     v_mem = R[:, None] @ state[f"v.{layer}"].float()
                 return k_mem, v_mem
 
-            tokens = read_once(memory_tokens)
+            # one read per segment: decoding steps reuse it (and the buffers `attend_memory` keeps in it)
+            memory = read_once(lambda call, ctx: MemoryRead(*memory_tokens(call, ctx), visible))
 
             def attend(call: AttentionCall, ctx: AttentionContext):
-                return attend_memory(call, MemoryRead(*tokens(call, ctx), visible))  # one joint softmax
+                return attend_memory(call, memory(call, ctx))  # one joint softmax
 
             return attend
 
