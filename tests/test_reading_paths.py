@@ -29,7 +29,7 @@ def dense_gather(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return x.gather(2, index).view(batch, slots.shape[1], slots.shape[2], dim)
 
 
-def dense_read_union(k, v, frame, call, context, window, global_tokens, topk) -> MemoryRead:
+def dense_read_union(k, v, frame, call, context, window, global_tokens, topk, kept=None) -> MemoryRead:
     """Scores, masks and top-k over the whole store, empty slots included."""
     batch, _, size, _ = k.shape
     device = k.device

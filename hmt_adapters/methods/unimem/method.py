@@ -50,9 +50,16 @@ class UniMem(MemoryMethod):
         return state
 
     def read(
-        self, layer: int, state: State, frame: SegmentFrame, call: AttentionCall, context: AttentionContext
+        self,
+        layer: int,
+        state: State,
+        frame: SegmentFrame,
+        call: AttentionCall,
+        context: AttentionContext,
+        kept: dict[str, torch.Tensor] | None = None,
     ) -> MemoryRead:
-        """What layer `layer`'s queries of this call read from its store (the configured reading rule)."""
+        """What layer `layer`'s queries of this call read from its store (the configured reading rule); `kept`: what a
+        query-dependent read keeps between the calls of one segment (`read_union`)."""
         s, k, v = self.settings, state[f"k.{layer}"], state[f"v.{layer}"]
         if s.reading == "all":
             return read_all(k, v, frame, call, context)
@@ -64,7 +71,7 @@ class UniMem(MemoryMethod):
         window = s.window if s.reading in ("window", "union") else 0
         global_tokens = s.global_tokens if s.reading in ("global", "union") else 0
         topk = s.topk if s.reading in ("topk", "union") else 0
-        return read_union(k, v, frame, call, context, window, global_tokens, topk)
+        return read_union(k, v, frame, call, context, window, global_tokens, topk, kept)
 
     def _attend(self, layer: int, state: State, frame: SegmentFrame):
         """The layer's attention with memory: its read joined to the local keys (gated or one joint softmax).
@@ -73,8 +80,10 @@ class UniMem(MemoryMethod):
         if self.gate is not None:
             gate = torch.sigmoid(self.gate[self.layers.index(layer)])[None, :, None, None]
 
+        kept: dict[str, torch.Tensor] = {}  # the query-independent part of a union/top-k read, per segment
+
         def read_now(call: AttentionCall, context: AttentionContext) -> MemoryRead:
-            return self.read(layer, state, frame, call, context)
+            return self.read(layer, state, frame, call, context, kept)
 
         read = read_once(read_now) if self.settings.reading in ("all", "trams") else read_now
 

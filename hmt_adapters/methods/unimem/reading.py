@@ -123,8 +123,12 @@ def read_union(
     window: int,
     global_tokens: int,
     topk: int,
+    kept: dict[str, torch.Tensor] | None = None,
 ) -> MemoryRead:
     """Global entries and the window, shared by all queries, plus per-query top-k among the rest (UniMix).
+
+    `kept` (one dict per layer and segment) holds what does not depend on the queries, the rotated keys of the shared
+    slots and of the store and the shared values, so that decoding a segment token by token rotates the store once.
 
     Only the filled slots are read (the store is right-aligned, so they are its last `frame.filled`); of those, only
     the newest `window` can be in any query's window, so the per-query masks cover those slots alone. The top-k
@@ -148,14 +152,20 @@ def read_union(
     g_visible = (g[None] < count[:, None])[:, None, :].expand(-1, distance.shape[1], -1)
     w_slots = slot[start:].expand(batch, -1)
     w_visible = in_window & ~is_global[:, None, start:]  # a global entry is read once, as global
-    slots = torch.cat([g_slots, w_slots], dim=1)
-    shared_pos = frame.key_positions(gather_rows(pos, slots))
-    k_shared = rotate_at(context, gather_slots(k, slots), shared_pos, call.query)
-    read = MemoryRead(k_shared, gather_slots(v, slots, shift), torch.cat([g_visible, w_visible], dim=-1)[:, None])
+    kept = {} if kept is None else kept
+    if "k_shared" not in kept:
+        slots = torch.cat([g_slots, w_slots], dim=1)
+        shared_pos = frame.key_positions(gather_rows(pos, slots))
+        kept["k_shared"] = rotate_at(context, gather_slots(k, slots), shared_pos, call.query)
+        kept["v_shared"] = gather_slots(v, slots, shift)
+    visible = torch.cat([g_visible, w_visible], dim=-1)[:, None]
+    read = MemoryRead(kept["k_shared"], kept["v_shared"], visible)
     if topk == 0:
         return read
     heads, kv_heads, q_len, dim = call.query.shape[1], k.shape[1], call.query.shape[2], k.shape[-1]
-    k_all = rotate_at(context, k, frame.key_positions(pos), call.query).to(call.query.dtype)
+    if "k_all" not in kept:
+        kept["k_all"] = rotate_at(context, k, frame.key_positions(pos), call.query).to(call.query.dtype)
+    k_all = kept["k_all"]
     grouped = (call.query * scaling_of(call)).reshape(batch, kv_heads, -1, dim)  # query heads by their K/V head
     logits = (grouped @ k_all.transpose(-1, -2)).view(batch, heads, q_len, size)
     # Candidates: valid, not global, not in the query's window. Before `start` no slot is in a window: one mask per
