@@ -93,9 +93,10 @@ class MemoryMethod(nn.Module):
     # segment itself, and is `write_records`. Generation then closes a segment decoded token by token from the
     # records its steps kept instead of reading it again (`runtime/open_segment.close`).
     writes_from_records: bool = False
-    # True: `update` reads nothing but the window's final hidden states, its attention records and the segment (no
-    # note a read leaves in its context). Generation then closes a decoded segment by running only its suffix through
-    # the segment's cache, with the hidden states its steps computed, instead of reading it again.
+    # True: `update` reads nothing but the window's final hidden states, its attention records and the segment's ids
+    # and mask (no note a read leaves in its context, no embeddings). Generation then closes a decoded segment by
+    # running only its suffix through the segment's cache, with the hidden states its steps computed, instead of
+    # reading it again.
     writes_from_window: bool = False
 
     def __init__(self, config: MemoryConfig, backbone: BackboneAdapter):

@@ -183,8 +183,7 @@ def decoded_token_attention(
     rolling cache) is copied whole again. The same softmax as `one_token_attention`, at the cost of SDPA over one
     contiguous prefix (docs/cost.md, decode).
     """
-    batch, heads, _, dim = query.shape
-    window = key.shape[2]
+    heads, window = query.shape[1], key.shape[2]
     held = read.decoding
     if held is None or window <= held.local or held.size + window > held.k.shape[2]:
         held = read.decoding = _decode_keys(read, query, window)
@@ -206,7 +205,7 @@ def decoded_token_attention(
 
 def _decode_keys(read: MemoryRead, query: torch.Tensor, window: int) -> DecodeKeys:
     """Buffers for `read` and a window of `window` entries with room to grow (doubling amortises the copies)."""
-    batch, heads, _, dim = query.shape
+    batch, _, _, dim = query.shape
     size, read_heads = read.k.shape[2], read.k.shape[1]
     capacity = size + max(2 * window, 64)
     k = query.new_empty(batch, read_heads, capacity, dim)
