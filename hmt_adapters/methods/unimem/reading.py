@@ -148,13 +148,12 @@ def read_union(
     distance = frame.query_positions(call)[:, :, None] - pos[:, None, start:]  # [B, q, W]
     in_window = valid[:, None, start:] & (distance <= window)
     g = torch.arange(global_tokens, device=device)
-    g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
     g_visible = (g[None] < count[:, None])[:, None, :].expand(-1, distance.shape[1], -1)
-    w_slots = slot[start:].expand(batch, -1)
     w_visible = in_window & ~is_global[:, None, start:]  # a global entry is read once, as global
     kept = {} if kept is None else kept
-    if "k_shared" not in kept:
-        slots = torch.cat([g_slots, w_slots], dim=1)
+    if "k_shared" not in kept:  # global slots, then the window's
+        g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
+        slots = torch.cat([g_slots, slot[start:].expand(batch, -1)], dim=1)
         shared_pos = frame.key_positions(gather_rows(pos, slots))
         kept["k_shared"] = rotate_at(context, gather_slots(k, slots), shared_pos, call.query)
         kept["v_shared"] = gather_slots(v, slots, shift)
