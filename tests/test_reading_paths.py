@@ -11,7 +11,7 @@ import hmt_adapters as ha
 from hmt_adapters.memory import attend
 from hmt_adapters.memory.attend import MemoryRead, expand_heads, local_visibility, prefix_attention
 from hmt_adapters.methods.unimem import method as unimem_method
-from hmt_adapters.methods.unimem.reading import gather_rows, gather_slots, rotate_at, scaling_of
+from hmt_adapters.methods.unimem.reading import gather_rows, gather_slots, rotate_at, scaling_of, top_entries
 from hmt_adapters.methods.unimem.trams import trams_scores, trams_select
 from tiny import random_ids, tiny_backbone
 
@@ -124,13 +124,22 @@ CASES = {
 
 
 def outputs(model: ha.MemoryModel, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-    """Logits of the whole document (partly filled stores in the first segments), of a left-padded batch, and
-    greedy tokens decoded after a prompt (the one-token paths)."""
+    """Logits of the whole document (partly filled stores in the first segments), of a left-padded batch, and the
+    logits and greedy tokens of 12 tokens decoded after a prompt (the one-token paths, across two segment ends)."""
     with torch.no_grad():
+        decoded = model.generate(
+            input_ids=ids[:, : 3 * L + 5],
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         return [
             model(input_ids=ids).logits,
             model(input_ids=ids, attention_mask=mask).logits,
-            model.generate(input_ids=ids[:, : 3 * L + 5], max_new_tokens=12, do_sample=False, pad_token_id=0),
+            torch.stack(decoded.logits, 1),
+            decoded.sequences,
         ]
 
 
@@ -150,7 +159,26 @@ def test_fast_reads_equal_the_dense_reads(case, monkeypatch):
     dense = outputs(model, ids, mask)
     torch.testing.assert_close(fast[0], dense[0], atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(fast[1], dense[1], atol=2e-6, rtol=1e-5)
-    assert torch.equal(fast[2], dense[2])
+    torch.testing.assert_close(fast[2], dense[2], atol=2e-6, rtol=1e-5)
+    assert torch.equal(fast[3], dense[3])
+
+
+def test_two_pass_top_k_finds_the_entries_of_torch_topk():
+    """`top_entries` (group maxima, then the best groups' entries) returns the values `torch.topk` returns, at
+    indices that hold them: many rows (the two-pass path), lengths not divisible by the group, rows with fewer
+    finite entries than k, ties at -inf, and few rows (one pass)."""
+    gen = torch.Generator().manual_seed(3)
+    for rows, n, k in [(300, 5120, 32), (300, 1283, 4), (260, 2000, 32), (4, 1280, 4)]:
+        scores = torch.randn(2, rows // 2, n, generator=gen)
+        scores[0, :7, : n - 10] = float("-inf")  # 10 finite entries, k of 32 asks for more
+        scores[1, :3, n // 3 :] = float("-inf")
+        values, index = top_entries(scores, k)
+        expected = scores.topk(k, dim=-1).values
+        assert torch.equal(values.sort(-1, descending=True).values, expected)
+        assert torch.equal(scores.gather(-1, index), values)
+        finite = values > float("-inf")
+        for row_index, row_finite in zip(index.reshape(-1, k), finite.reshape(-1, k)):
+            assert row_index[row_finite].unique().numel() == int(row_finite.sum())  # no entry twice
 
 
 def test_row_lookup_gather_equals_the_index_gather_per_row_and_per_query_head():

@@ -186,13 +186,13 @@ def decoded_token_attention(
     heads, window = query.shape[1], key.shape[2]
     held = read.decoding
     if held is None or window <= held.local or held.size + window > held.k.shape[2]:
-        held = read.decoding = _decode_keys(read, query, window)
+        held = read.decoding = decode_keys(read, query, window)
     start, end = held.size + held.local, held.size + window
     read_heads = held.k.shape[1]
     held.k[:, :, start:end] = expand_heads(key[:, :, held.local :], read_heads)
     held.v[:, :, start:end] = expand_heads(value[:, :, held.local :], read_heads)
     if attention_mask is not None and held.visible is None:  # padding in the window: a mask from now on
-        held.visible = _decode_visible(read, query, held.k.shape[2])
+        held.visible = decode_visible(read, query, held.k.shape[2])
     if held.visible is not None:
         local = local_visibility(attention_mask, 1, window, query.device) if attention_mask is not None else True
         held.visible[..., held.size : end] = local
@@ -203,7 +203,7 @@ def decoded_token_attention(
     )
 
 
-def _decode_keys(read: MemoryRead, query: torch.Tensor, window: int) -> DecodeKeys:
+def decode_keys(read: MemoryRead, query: torch.Tensor, window: int) -> DecodeKeys:
     """Buffers for `read` and a window of `window` entries with room to grow (doubling amortises the copies)."""
     batch, _, _, dim = query.shape
     size, read_heads = read.k.shape[2], read.k.shape[1]
@@ -213,11 +213,11 @@ def _decode_keys(read: MemoryRead, query: torch.Tensor, window: int) -> DecodeKe
     k[:, :, :size], v[:, :, :size] = read.k, read.v
     read.k, read.v = k[:, :, :size], v[:, :, :size]  # one copy of the memory while decoding
     everything = bool(read.visible.all())
-    visible = None if everything else _decode_visible(read, query, capacity)
+    visible = None if everything else decode_visible(read, query, capacity)
     return DecodeKeys(k, v, visible, size)
 
 
-def _decode_visible(read: MemoryRead, query: torch.Tensor, capacity: int) -> torch.Tensor:
+def decode_visible(read: MemoryRead, query: torch.Tensor, capacity: int) -> torch.Tensor:
     """`[B, 1|Hq, 1, capacity]` bool with the memory's visibility in front (SDPA broadcasts 1 or every query head)."""
     heads = query.shape[1]
     memory = read.visible if read.visible.shape[1] == 1 else expand_heads(read.visible, heads)

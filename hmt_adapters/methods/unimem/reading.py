@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ...attention import AttentionCall, AttentionContext, apply_rope
-from ...memory.attend import MemoryRead
+from ...memory.attend import MemoryRead, decode_keys, decode_visible, head_scores
 from .trams import trams_scores, trams_select
 
 
@@ -114,6 +114,81 @@ def read_all(
     return MemoryRead(k, v, valid[:, None, None, :])
 
 
+@dataclass
+class UnionSlots:
+    """What a union read of one layer's store needs that does not depend on the queries; built once per segment.
+
+    The store is right-aligned: only its last `size` (filled) slots are read, and of those only the newest `window`
+    (from `start` on) can be within a query's window, so the per-query masks cover those slots alone.
+    """
+
+    size: int  # filled slots read
+    shift: int  # empty slots left out in front of them
+    start: int  # first slot that can be in a query's window
+    g_visible: torch.Tensor  # [B, 1, G] bool: global entry g exists
+    window_pos: torch.Tensor  # [B, W] stream positions of the slots from `start`
+    window_hidden: torch.Tensor  # [B, W] bool: empty or global (never read as window, never retrieved)
+    older_hidden: torch.Tensor | None  # [B, 1, 1, start] bool: not retrievable before `start`; None: dense store
+    k_shared: torch.Tensor  # [B, Hkv, G + W, D] global then window keys, rotated
+    v_shared: torch.Tensor
+    k_all: torch.Tensor | None = None  # [B, Hkv, size, D] the filled store rotated, contiguous (top-k only)
+    v_all: torch.Tensor | None = None
+    head_rows: torch.Tensor | None = None  # [B, Hq, 1] first row of each query head's key/value head in `k_all`
+
+    def lookup(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Entries `index` `[B, Hq, *, K]` of `x` (`k_all` or `v_all`) for each query head, `[B, Hq, *, K, D]`:
+        one row lookup, the key/value heads never repeated (`gather_slots`)."""
+        assert self.head_rows is not None  # built with `k_all`
+        rows = (index.reshape(*self.head_rows.shape[:2], -1) + self.head_rows).reshape(-1)
+        return F.embedding(rows, x.view(-1, x.shape[-1])).view(*index.shape, x.shape[-1])
+
+
+def union_slots(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    frame: SegmentFrame,
+    call: AttentionCall,
+    context: AttentionContext,
+    window: int,
+    global_tokens: int,
+    topk: int,
+) -> UnionSlots:
+    store = k.shape[2]
+    size = max(frame.filled, 1)
+    shift = store - size
+    k, v, pos, valid = k[:, :, shift:], v[:, :, shift:], frame.pos[:, shift:], frame.valid[:, shift:]
+    batch, device = k.shape[0], k.device
+    slot = torch.arange(size, device=device)
+    count = valid.sum(1)
+    first = size - count  # the buffer is right-aligned: the oldest valid entry
+    start = size - min(window, size)
+    is_global = valid & (slot[None] < (first + global_tokens)[:, None])  # [B, S]
+    hidden = ~valid | is_global
+    g = torch.arange(global_tokens, device=device)
+    g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
+    slots = torch.cat([g_slots, slot[start:].expand(batch, -1)], dim=1)  # global slots, then the window's
+    shared_pos = frame.key_positions(gather_rows(pos, slots))
+    layout = UnionSlots(
+        size=size,
+        shift=shift,
+        start=start,
+        g_visible=(g[None] < count[:, None])[:, None, :],
+        window_pos=pos[:, start:],
+        window_hidden=hidden[:, start:],
+        older_hidden=None if frame.dense else hidden[:, None, None, :start],
+        k_shared=rotate_at(context, gather_slots(k, slots), shared_pos, call.query),
+        v_shared=gather_slots(v, slots),
+    )
+    if topk:
+        rotated = rotate_at(context, k, frame.key_positions(pos), call.query)
+        layout.k_all = rotated.to(call.query.dtype).contiguous()  # one copy per segment: row lookups read it flat
+        layout.v_all = v.contiguous()
+        group = call.query.shape[1] // k.shape[1]  # query heads per key/value head
+        heads = torch.arange(batch * k.shape[1], device=device).view(batch, -1, 1) * size
+        layout.head_rows = heads.repeat_interleave(group, dim=1)
+    return layout
+
+
 def read_union(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -123,66 +198,120 @@ def read_union(
     window: int,
     global_tokens: int,
     topk: int,
-    kept: dict[str, torch.Tensor] | None = None,
+    kept: dict | None = None,
 ) -> MemoryRead:
     """Global entries and the window, shared by all queries, plus per-query top-k among the rest (UniMix).
 
-    `kept` (one dict per layer and segment) holds what does not depend on the queries, the rotated keys of the shared
-    slots and of the store and the shared values, so that decoding a segment token by token rotates the store once.
-
-    Only the filled slots are read (the store is right-aligned, so they are its last `frame.filled`); of those, only
-    the newest `window` can be in any query's window, so the per-query masks cover those slots alone. The top-k
-    scores are one grouped matmul (query heads by their key/value head), the retrieved values one row lookup
-    (`gather_slots`): the joint softmax then costs `topk` entries per query, not the store (UniMem eq. 11-13).
+    `kept` (one dict per layer and segment) holds what does not depend on the queries (`UnionSlots`: the rotated
+    keys of the shared slots and of the store, their masks), so that decoding a segment token by token builds it
+    once. The top-k scores are one grouped matmul (query heads by their key/value head), the retrieved entries one
+    row lookup (`gather_slots`): the joint softmax then costs `topk` entries per query, not the store (UniMem
+    eq. 11-13). A decoded token's read is kept as one set of entries per query head (`token_read`).
     """
-    store = k.shape[2]
-    size = max(frame.filled, 1)
-    shift = store - size  # empty slots left out; `gather_slots` indexes the whole (contiguous) store
-    k, pos, valid = k[:, :, shift:], frame.pos[:, shift:], frame.valid[:, shift:]
-    batch, device = k.shape[0], k.device
-    slot = torch.arange(size, device=device)
-    count = valid.sum(1)
-    first = size - count  # the buffer is right-aligned: the oldest valid entry
-    start = size - min(window, size)  # only the newest `window` slots can be within distance `window`
-    is_global = valid & (slot[None] < (first + global_tokens)[:, None])  # [B, S]
-    distance = frame.query_positions(call)[:, :, None] - pos[:, None, start:]  # [B, q, W]
-    in_window = valid[:, None, start:] & (distance <= window)
-    g = torch.arange(global_tokens, device=device)
-    g_visible = (g[None] < count[:, None])[:, None, :].expand(-1, distance.shape[1], -1)
-    w_visible = in_window & ~is_global[:, None, start:]  # a global entry is read once, as global
     kept = {} if kept is None else kept
-    if "k_shared" not in kept:  # global slots, then the window's
-        g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
-        slots = torch.cat([g_slots, slot[start:].expand(batch, -1)], dim=1)
-        shared_pos = frame.key_positions(gather_rows(pos, slots))
-        kept["k_shared"] = rotate_at(context, gather_slots(k, slots), shared_pos, call.query)
-        kept["v_shared"] = gather_slots(v, slots, shift)
-    visible = torch.cat([g_visible, w_visible], dim=-1)[:, None]
-    read = MemoryRead(kept["k_shared"], kept["v_shared"], visible)
+    if "slots" not in kept:
+        kept["slots"] = union_slots(k, v, frame, call, context, window, global_tokens, topk)
+    layout: UnionSlots = kept["slots"]
+    q_len = call.query.shape[2]
+    near = frame.query_positions(call)[:, :, None] - layout.window_pos[:, None] <= window  # [B, q, W]
+    w_visible = near & ~layout.window_hidden[:, None]  # a global entry is read once, as global
+    visible = torch.cat([layout.g_visible.expand(-1, q_len, -1), w_visible], dim=-1)[:, None]
+    read = MemoryRead(layout.k_shared, layout.v_shared, visible)
     if topk == 0:
-        return read
-    heads, kv_heads, q_len, dim = call.query.shape[1], k.shape[1], call.query.shape[2], k.shape[-1]
-    if "k_all" not in kept:
-        kept["k_all"] = rotate_at(context, k, frame.key_positions(pos), call.query).to(call.query.dtype)
-    k_all = kept["k_all"]
-    grouped = (call.query * scaling_of(call)).reshape(batch, kv_heads, -1, dim)  # query heads by their K/V head
-    logits = (grouped @ k_all.transpose(-1, -2)).view(batch, heads, q_len, size)
+        return token_read(read, kept, call) if q_len == 1 else read
+    assert layout.k_all is not None and layout.v_all is not None  # built for top-k (`union_slots`)
+    logits = head_scores(call.query * scaling_of(call), layout.k_all)  # [B, Hq, q, size]
     # Candidates: valid, not global, not in the query's window. Before `start` no slot is in a window: one mask per
-    # row, or, where every slot holds an entry, the global entries are the first slots of every row. The window
-    # slots get the per-query mask.
-    if frame.dense:
+    # row, or, where every slot holds an entry, the global entries are the first slots of every row.
+    start = layout.start
+    if layout.older_hidden is None:
         logits[..., : min(global_tokens, start)] = float("-inf")
     else:
-        older = valid[:, :start] & ~is_global[:, :start]
-        logits[..., :start].masked_fill_(~older[:, None, None, :], float("-inf"))
-    if start < size:
-        rest = (valid[:, None, start:] & ~is_global[:, None, start:] & ~in_window)[:, None]  # [B, 1, q, W]
-        logits[..., start:].masked_fill_(~rest, float("-inf"))
-    values, index = logits.topk(min(topk, size), dim=-1, sorted=False)
+        logits[..., :start].masked_fill_(layout.older_hidden, float("-inf"))
+    if start < layout.size:
+        logits[..., start:].masked_fill_((near | layout.window_hidden[:, None])[:, None], float("-inf"))
+    values, index = top_entries(logits, min(topk, layout.size))
+    if q_len == 1:  # one decoded token: the retrieved entries join the shared ones in buffers kept per segment
+        kv_shape = (*layout.k_all.shape[:2], -1, layout.k_all.shape[-1])  # a key/value head's query heads' entries
+        if "own" not in kept:  # [Hq, 1, G, 1]: query head h reads the K entries of position h % G in its group
+            heads, group = call.query.shape[1], call.query.shape[1] // layout.k_all.shape[1]
+            own = torch.arange(group, device=index.device) == torch.arange(heads, device=index.device)[:, None] % group
+            kept["own"] = own[:, None, :, None]
+        found = kept["own"] & (values > float("-inf"))[:, :, :, None, :]  # [B, Hq, 1, G, K]
+        retrieved = (
+            layout.lookup(layout.k_all, index).view(kv_shape),
+            layout.lookup(layout.v_all, index).view(kv_shape),
+            found.flatten(-2),
+        )
+        return token_read(read, kept, call, retrieved)
     read.pq_logits = values
     read.pq_visible = values > float("-inf")
-    read.pq_v = gather_slots(v, index, shift)  # [B, Hq, q, K, D]
+    read.pq_v = layout.lookup(layout.v_all, index)  # [B, Hq, q, K, D]
     return read
+
+
+def token_read(
+    shared: MemoryRead,
+    kept: dict,
+    call: AttentionCall,
+    retrieved: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> MemoryRead:
+    """One decoded token's union read as one set of entries at key/value-head granularity: the entries retrieved
+    for the token's query heads (`retrieved`: keys, values `[B, Hkv, G * K, D]`, the `G` query heads of a key/value
+    head in turn, and their visibility `[B, Hq, 1, G * K]`, each query head seeing its own `K` found) in front of
+    the shared ones; the same softmax as the per-query form (UniMem eq. 11-13).
+
+    The read and its decode buffers (`DecodeKeys`) are kept for the segment (`kept["token"]`): the shared entries
+    are copied once, and each token overwrites only the retrieved entries and the visibility (the window moves
+    with the token), so its attention is one SDPA call over contiguous buffers, the key/value heads not repeated
+    (`decoded_token_attention`; docs/cost.md, decode).
+    """
+    query, read = call.query, kept.get("token")
+    top = 0 if retrieved is None else retrieved[0].shape[2]
+    if read is None:
+        k, v = shared.k, shared.v
+        if retrieved is not None:
+            k, v = torch.cat([retrieved[0], k.to(query.dtype)], dim=2), torch.cat([retrieved[1], v.to(query.dtype)], 2)
+        read = MemoryRead(k, v, query.new_zeros(query.shape[0], query.shape[1], 1, k.shape[2], dtype=torch.bool))
+        read.decoding = decode_keys(read, query, call.key.shape[2])
+        kept["token"] = read
+    held = read.decoding
+    assert held is not None  # set above; `decoded_token_attention` replaces it, never clears it
+    if held.visible is None:
+        held.visible = decode_visible(read, query, held.k.shape[2])
+    if retrieved is not None:
+        held.k[:, :, :top], held.v[:, :, :top] = retrieved[0], retrieved[1]
+        held.visible[..., :top] = retrieved[2]
+    held.visible[..., top : held.size] = shared.visible
+    read.visible = held.visible[..., : held.size]  # what a rebuild of the buffers copies
+    return read
+
+
+def top_entries(scores: torch.Tensor, k: int, group: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """`scores.topk(k, dim=-1, sorted=False)`, the same entries, in two cheaper passes where there are many rows.
+
+    `torch.topk` costs ~3 ns per entry on CPU, more than the grouped matmul that computed the scores (docs/cost.md).
+    The slots are dealt into `stride = n // group` interleaved groups (slot j in group j % stride); the maximum of
+    each group is one vectorised reduction, and the k best entries lie in the k groups with the best maxima (a
+    group outside them has k groups above its maximum, each holding an entry above every entry of it). So the
+    second top-k runs over `group * k` candidates (plus the `n % group` slots left over) instead of `n`.
+    """
+    n = scores.shape[-1]
+    stride = n // group
+    if stride < 2 * k or scores.numel() < 256 * n:  # few rows (a decoded token): one pass is cheaper
+        return scores.topk(k, dim=-1, sorted=False)
+    main = group * stride
+    lead = scores.shape[:-1]
+    grid = scores[..., :main].unflatten(-1, (group, stride))
+    best = grid.amax(-2).topk(k, dim=-1, sorted=False).indices  # [..., k]
+    cand = grid.gather(-1, best[..., None, :].expand(*lead, group, k)).flatten(-2)
+    if main < n:
+        cand = torch.cat([cand, scores[..., main:]], dim=-1)
+    values, i = cand.topk(k, dim=-1, sorted=False)
+    in_grid = i < group * k
+    ig = i.clamp(max=group * k - 1)
+    slot = best.gather(-1, ig % k) + (ig // k) * stride
+    return values, torch.where(in_grid, slot, i - group * k + main)
 
 
 def read_trams(
