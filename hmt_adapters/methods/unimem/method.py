@@ -4,6 +4,8 @@ input (UniMix)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -56,7 +58,7 @@ class UniMem(MemoryMethod):
         frame: SegmentFrame,
         call: AttentionCall,
         context: AttentionContext,
-        kept: dict[str, torch.Tensor] | None = None,
+        kept: dict[str, Any] | None = None,
     ) -> MemoryRead:
         """What layer `layer`'s queries of this call read from its store (the configured reading rule); `kept`: what a
         query-dependent read keeps between the calls of one segment (`read_union`)."""
@@ -80,7 +82,7 @@ class UniMem(MemoryMethod):
         if self.gate is not None:
             gate = torch.sigmoid(self.gate[self.layers.index(layer)])[None, :, None, None]
 
-        kept: dict[str, torch.Tensor] = {}  # the query-independent part of a union/top-k read, per segment
+        kept: dict[str, Any] = {}  # the query-independent part of a union/top-k read, per segment
 
         def read_now(call: AttentionCall, context: AttentionContext) -> MemoryRead:
             return self.read(layer, state, frame, call, context, kept)

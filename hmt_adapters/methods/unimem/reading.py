@@ -205,8 +205,8 @@ def read_union(
     `kept` (one dict per layer and segment) holds what does not depend on the queries (`UnionSlots`: the rotated
     keys of the shared slots and of the store, their masks), so that decoding a segment token by token builds it
     once. The top-k scores are one grouped matmul (query heads by their key/value head), the retrieved entries one
-    row lookup (`gather_slots`): the joint softmax then costs `topk` entries per query, not the store (UniMem
-    eq. 11-13). A decoded token's read is kept as one set of entries per query head (`token_read`).
+    row lookup (`UnionSlots.lookup`): the joint softmax then costs `topk` entries per query, not the store (UniMem
+    eq. 11-13). A decoded token's read is one set of entries at key/value-head granularity (`token_read`).
     """
     kept = {} if kept is None else kept
     if "slots" not in kept:
