@@ -190,7 +190,7 @@ def test_row_lookup_gather_equals_the_index_gather_per_row_and_per_query_head():
     assert torch.equal(gather_slots(x, per_head), dense_gather(x, per_head))
     per_query = torch.randint(0, 6, (2, 4, 3, 2), generator=gen)  # [B, Hq, q, K], into the last 6 slots
     expected = dense_gather(x, (per_query + 3).reshape(2, 4, 6)).view(2, 4, 3, 2, 3)
-    assert torch.equal(gather_slots(x, per_query, offset=3), expected)
+    assert torch.equal(gather_slots(x, per_query + 3), expected)
 
 
 def test_prefix_attention_with_one_mask_for_all_heads_equals_the_mask_per_head():

@@ -76,22 +76,29 @@ def rotate_at(
     return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own RoPE function, if it has one
 
 
-def gather_slots(x: torch.Tensor, slots: torch.Tensor, offset: int = 0) -> torch.Tensor:
-    """Entries `slots + offset` of `x` `[B, Hx, M, D]`: per row `[B, S]` -> `[B, Hx, S, D]`, or per head `[B, Hs, *]`
-    -> `[B, Hs, *, D]` where head h of `Hs` (a multiple of `Hx`) reads `x`'s head `h // (Hs / Hx)`.
+def head_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """`[B, heads, 1]`: the row of slot 0 of each head's key/value head in `x` `[B, Hx, M, D]` flattened to rows
+    (head h of `heads`, a multiple of `Hx`, reads `x`'s head `h // (heads / Hx)`)."""
+    batch, kv_heads, size, _ = x.shape
+    first = torch.arange(batch * kv_heads, device=x.device).view(batch, kv_heads, 1) * size
+    return first.repeat_interleave(heads // kv_heads, dim=1)
 
-    One row lookup (`F.embedding`) in the flattened store, so the key/value heads are never repeated and the rows
-    are copied once (a `gather` with an index expanded over `D` is an order of magnitude slower on CPU).
-    `offset` indexes into a store whose first `offset` slots the slots leave out (the empty ones).
+
+def lookup_rows(x: torch.Tensor, slots: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Entries `slots` `[B, H, *]` of `x` `[B, Hx, M, D]`, `[B, H, *, D]`, given `first = head_rows(x, H)`: one row
+    lookup (`F.embedding`) in the flattened store, so the key/value heads are never repeated and the rows are copied
+    once (a `gather` with an index expanded over `D` is an order of magnitude slower on CPU)."""
+    rows = (slots.reshape(*first.shape[:2], -1) + first).reshape(-1)
+    return F.embedding(rows, x.reshape(-1, x.shape[-1])).view(*slots.shape, x.shape[-1])
+
+
+def gather_slots(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Entries `slots` of `x` `[B, Hx, M, D]`: per row `[B, S]` -> `[B, Hx, S, D]`, or per head `[B, Hs, *]`
+    -> `[B, Hs, *, D]` where head h of `Hs` (a multiple of `Hx`) reads `x`'s head `h // (Hs / Hx)` (`lookup_rows`).
     """
-    batch, heads, size, dim = x.shape
     if slots.dim() == 2:
-        slots = slots[:, None].expand(batch, heads, slots.shape[1])
-    per_head = slots.shape[1]
-    base = torch.arange(batch * heads, device=x.device).view(batch, heads, 1) * size + offset
-    base = base.repeat_interleave(per_head // heads, dim=1)  # query head h reads key/value head h // group
-    rows = (slots.reshape(batch, per_head, -1) + base).reshape(-1)
-    return F.embedding(rows, x.reshape(-1, dim)).view(*slots.shape, dim)
+        slots = slots[:, None].expand(x.shape[0], x.shape[1], slots.shape[1])
+    return lookup_rows(x, slots, head_rows(x, slots.shape[1]))
 
 
 def gather_rows(x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -123,7 +130,6 @@ class UnionSlots:
     """
 
     size: int  # filled slots read
-    shift: int  # empty slots left out in front of them
     start: int  # first slot that can be in a query's window
     g_visible: torch.Tensor  # [B, 1, G] bool: global entry g exists
     window_pos: torch.Tensor  # [B, W] stream positions of the slots from `start`
@@ -133,14 +139,13 @@ class UnionSlots:
     v_shared: torch.Tensor
     k_all: torch.Tensor | None = None  # [B, Hkv, size, D] the filled store rotated, contiguous (top-k only)
     v_all: torch.Tensor | None = None
-    head_rows: torch.Tensor | None = None  # [B, Hq, 1] first row of each query head's key/value head in `k_all`
+    first_rows: torch.Tensor | None = None  # [B, Hq, 1] `head_rows` of `k_all` (and `v_all`) for the query heads
+    own: torch.Tensor | None = None  # [Hq, 1, G, 1] bool: query head h is position h % G of its key/value head's G
 
     def lookup(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Entries `index` `[B, Hq, *, K]` of `x` (`k_all` or `v_all`) for each query head, `[B, Hq, *, K, D]`:
-        one row lookup, the key/value heads never repeated (`gather_slots`)."""
-        assert self.head_rows is not None  # built with `k_all`
-        rows = (index.reshape(*self.head_rows.shape[:2], -1) + self.head_rows).reshape(-1)
-        return F.embedding(rows, x.view(-1, x.shape[-1])).view(*index.shape, x.shape[-1])
+        """Entries `index` `[B, Hq, *, K]` of `x` (`k_all` or `v_all`) for each query head, `[B, Hq, *, K, D]`."""
+        assert self.first_rows is not None  # built with `k_all`
+        return lookup_rows(x, index, self.first_rows)
 
 
 def union_slots(
@@ -170,7 +175,6 @@ def union_slots(
     shared_pos = frame.key_positions(gather_rows(pos, slots))
     layout = UnionSlots(
         size=size,
-        shift=shift,
         start=start,
         g_visible=(g[None] < count[:, None])[:, None, :],
         window_pos=pos[:, start:],
@@ -183,9 +187,11 @@ def union_slots(
         rotated = rotate_at(context, k, frame.key_positions(pos), call.query)
         layout.k_all = rotated.to(call.query.dtype).contiguous()  # one copy per segment: row lookups read it flat
         layout.v_all = v.contiguous()
-        group = call.query.shape[1] // k.shape[1]  # query heads per key/value head
-        heads = torch.arange(batch * k.shape[1], device=device).view(batch, -1, 1) * size
-        layout.head_rows = heads.repeat_interleave(group, dim=1)
+        heads = call.query.shape[1]
+        layout.first_rows = head_rows(layout.k_all, heads)
+        group = heads // k.shape[1]  # query heads per key/value head
+        own = torch.arange(group, device=device) == torch.arange(heads, device=device)[:, None] % group
+        layout.own = own[:, None, :, None]
     return layout
 
 
@@ -233,11 +239,8 @@ def read_union(
     values, index = top_entries(logits, min(topk, layout.size))
     if q_len == 1:  # one decoded token: the retrieved entries join the shared ones in buffers kept per segment
         kv_shape = (*layout.k_all.shape[:2], -1, layout.k_all.shape[-1])  # a key/value head's query heads' entries
-        if "own" not in kept:  # [Hq, 1, G, 1]: query head h reads the K entries of position h % G in its group
-            heads, group = call.query.shape[1], call.query.shape[1] // layout.k_all.shape[1]
-            own = torch.arange(group, device=index.device) == torch.arange(heads, device=index.device)[:, None] % group
-            kept["own"] = own[:, None, :, None]
-        found = kept["own"] & (values > float("-inf"))[:, :, :, None, :]  # [B, Hq, 1, G, K]
+        assert layout.own is not None  # built with `k_all`
+        found = layout.own & (values > float("-inf"))[:, :, :, None, :]  # [B, Hq, 1, G, K]: each head its own K
         retrieved = (
             layout.lookup(layout.k_all, index).view(kv_shape),
             layout.lookup(layout.v_all, index).view(kv_shape),
