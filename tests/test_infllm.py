@@ -18,6 +18,7 @@ from hmt_adapters.evaluation import TASKS
 from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
 from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
+from hmt_adapters.memory import attend
 from hmt_adapters.methods.unimem import block_pages
 from hmt_adapters.methods.unimem import infllm as infllm_module
 from hmt_adapters.methods.unimem.infllm import InfLLM
@@ -588,13 +589,11 @@ def test_a_padded_row_reads_as_it_reads_alone():
 
 
 def test_query_slices_give_the_same_attention(monkeypatch):
-    from hmt_adapters.methods.unimem import infllm
-
     model = wrap(backbone())
     ids = random_ids(1, 230, seed=10)
     with torch.no_grad():
         whole = model(input_ids=ids).logits
-        monkeypatch.setattr(infllm, "QUERY_SLICE_FLOATS", 4 * 100)  # a few queries per slice
+        monkeypatch.setattr(attend, "QUERY_SLICE_FLOATS", 4 * 100)  # a few queries per slice
         sliced = model(input_ids=ids).logits
     torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=1e-5)
 

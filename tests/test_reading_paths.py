@@ -153,6 +153,8 @@ def test_fast_reads_equal_the_dense_reads(case, monkeypatch):
     base.set_attn_implementation(impl)
     model = ha.wrap_with_memory(base, method, segment_length=L, **overrides).eval()
     fast = outputs(model, ids, mask)
+    monkeypatch.setattr(attend, "QUERY_SLICE_FLOATS", 200)  # top-k scored a few queries at a time
+    chunked = outputs(model, ids, mask)
     monkeypatch.setattr(unimem_method, "read_union", dense_read_union)
     monkeypatch.setattr(unimem_method, "read_trams", dense_read_trams)
     monkeypatch.setattr(attend, "prefix_attention", dense_prefix_attention)
@@ -161,6 +163,9 @@ def test_fast_reads_equal_the_dense_reads(case, monkeypatch):
     torch.testing.assert_close(fast[1], dense[1], atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(fast[2], dense[2], atol=2e-6, rtol=1e-5)
     assert torch.equal(fast[3], dense[3])
+    for got, want in zip(chunked[:3], fast[:3]):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    assert torch.equal(chunked[3], fast[3])
 
 
 def test_two_pass_top_k_finds_the_entries_of_torch_topk():

@@ -45,6 +45,18 @@ class DecodeKeys:
     local: int = 0  # window entries held after the memory
 
 
+QUERY_SLICE_FLOATS = 2**20  # fp32 logits per query slice (4 MiB): `query_slices`
+
+
+def query_slices(q_len: int, per_query: int) -> list[slice]:
+    """The queries in slices whose logits (`per_query` each, summed over batch and heads) stay under
+    `QUERY_SLICE_FLOATS`. A segment's whole logit rectangle is tens of MB, mapped and zeroed anew on every call:
+    on CPU those page faults cost as much as the matmul that fills it. A slice's buffer stays in cache and is reused
+    by the allocator (docs/cost.md, "the per-query top-k")."""
+    rows = max(1, QUERY_SLICE_FLOATS // max(per_query, 1))
+    return [slice(first, min(q_len, first + rows)) for first in range(0, q_len, rows)]
+
+
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """Repeat dim 1 of `x` up to `heads` (query head h reads key/value head h // group, as HF's `repeat_kv`)."""
     if x.shape[1] in (1, heads):

@@ -28,14 +28,13 @@ from typing import Any, ClassVar
 import torch
 
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
-from ...memory.attend import head_mix, head_scores
+from ...memory.attend import head_mix, head_scores, query_slices
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
 from .block_pages import BlockPages
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
-QUERY_SLICE_FLOATS = 4 * 2**20  # 16 MB of fp32 logits per query slice
 EXP_FLOOR = -87.0  # the lowest float32 input whose exp is a normal number (e^-87.3 = 1.18e-38, the smallest normal)
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
 
@@ -313,21 +312,17 @@ class InfLLM(MemoryMethod):
                 g_k = rotate_at(context, g_k, at.expand(g_k.shape[0], count), query)
                 query_global = query
             global_part = (g_k, g_v.to(dtype), g_mask)
-        # Queries in slices whose fp32 logits stay under QUERY_SLICE_FLOATS: each slice's buffer is then reused by
-        # the allocator instead of being mapped and zeroed anew (on CPU that page-faulting cost as much as the math).
         keys = tail_len + call.key.shape[2] + (0 if global_part is None else global_part[0].shape[2])
-        rows = max(1, QUERY_SLICE_FLOATS // (batch * heads * keys))
         outs, received = [], []
-        for first in range(0, q_len, rows):
-            last_row = min(q_len, first + rows)
-            sliced = [(query[:, :, first:last_row], part) for part in local_parts]
+        for rows in query_slices(q_len, batch * heads * keys):  # the logits a slice of queries at a time
+            sliced = [(query[:, :, rows], part) for part in local_parts]
             if global_part is not None:
                 assert query_global is not None  # computed with the global part
-                sliced.insert(0, (query_global[:, :, first:last_row], global_part))
+                sliced.insert(0, (query_global[:, :, rows], global_part))
             logits, masks = [], []
             for q, (k, _, visible) in sliced:
                 logits.append(head_scores(q * scaling, k).float())
-                masks.append(visible if visible is None or visible.shape[-2] == 1 else visible[..., first:last_row, :])
+                masks.append(visible if visible is None or visible.shape[-2] == 1 else visible[..., rows, :])
             probs = self._softmax(logits, masks, call.kwargs.get("softcap"))
             mixed = [head_mix(p.to(dtype), part[1]) for p, (_, part) in zip(probs, sliced)]
             outs.append(torch.stack(mixed).sum(0))

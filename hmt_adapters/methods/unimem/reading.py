@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ...attention import AttentionCall, AttentionContext, apply_rope
-from ...memory.attend import MemoryRead, decode_keys, decode_visible, head_scores
+from ...memory.attend import MemoryRead, decode_keys, decode_visible, head_scores, query_slices
 from .trams import trams_scores, trams_select
 
 
@@ -226,17 +226,7 @@ def read_union(
     if topk == 0:
         return token_read(read, kept, call) if q_len == 1 else read
     assert layout.k_all is not None and layout.v_all is not None  # built for top-k (`union_slots`)
-    logits = head_scores(call.query * scaling_of(call), layout.k_all)  # [B, Hq, q, size]
-    # Candidates: valid, not global, not in the query's window. Before `start` no slot is in a window: one mask per
-    # row, or, where every slot holds an entry, the global entries are the first slots of every row.
-    start = layout.start
-    if layout.older_hidden is None:
-        logits[..., : min(global_tokens, start)] = float("-inf")
-    else:
-        logits[..., :start].masked_fill_(layout.older_hidden, float("-inf"))
-    if start < layout.size:
-        logits[..., start:].masked_fill_((near | layout.window_hidden[:, None])[:, None], float("-inf"))
-    values, index = top_entries(logits, min(topk, layout.size))
+    values, index = top_candidates(call.query * scaling_of(call), layout, near, global_tokens, topk)
     if q_len == 1:  # one decoded token: the retrieved entries join the shared ones in buffers kept per segment
         kv_shape = (*layout.k_all.shape[:2], -1, layout.k_all.shape[-1])  # a key/value head's query heads' entries
         assert layout.own is not None  # built with `k_all`
@@ -251,6 +241,32 @@ def read_union(
     read.pq_visible = values > float("-inf")
     read.pq_v = layout.lookup(layout.v_all, index)  # [B, Hq, q, K, D]
     return read
+
+
+def top_candidates(
+    query: torch.Tensor, layout: UnionSlots, near: torch.Tensor, global_tokens: int, topk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query head's `topk` best entries by q.k among the candidates (valid, not global, not in the query's
+    window), as `top_entries` returns them: `[B, Hq, q, K]` scores and store slots. Scored and selected a slice of
+    queries at a time (`query_slices`): the whole rectangle is 84 MB at segments of 512 over 5,120 entries."""
+    assert layout.k_all is not None  # built for top-k (`union_slots`)
+    batch, heads, q_len, _ = query.shape
+    start, size = layout.start, layout.size
+    found = []
+    for rows in query_slices(q_len, batch * heads * size):
+        logits = head_scores(query[:, :, rows], layout.k_all)  # [B, Hq, rows, size]
+        # Before `start` no slot is in a window: one mask per row, or, where every slot holds an entry, the global
+        # entries are the first slots of every row.
+        if layout.older_hidden is None:
+            logits[..., : min(global_tokens, start)] = float("-inf")
+        else:
+            logits[..., :start].masked_fill_(layout.older_hidden, float("-inf"))
+        if start < size:
+            logits[..., start:].masked_fill_((near[:, rows] | layout.window_hidden[:, None])[:, None], float("-inf"))
+        found.append(top_entries(logits, min(topk, size)))
+    if len(found) == 1:
+        return found[0]
+    return torch.cat([f[0] for f in found], dim=2), torch.cat([f[1] for f in found], dim=2)
 
 
 def token_read(
@@ -301,7 +317,7 @@ def top_entries(scores: torch.Tensor, k: int, group: int = 16) -> tuple[torch.Te
     """
     n = scores.shape[-1]
     stride = n // group
-    if stride < 2 * k or scores.numel() < 256 * n:  # few rows (a decoded token): one pass is cheaper
+    if stride < 2 * k or scores.numel() < 128 * n:  # few rows (a decoded token): one pass is cheaper
         return scores.topk(k, dim=-1, sorted=False)
     main = group * stride
     lead = scores.shape[:-1]
