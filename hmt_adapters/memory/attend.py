@@ -52,7 +52,7 @@ def query_slices(q_len: int, per_query: int) -> list[slice]:
     """The queries in slices whose logits (`per_query` each, summed over batch and heads) stay under
     `QUERY_SLICE_FLOATS`. A segment's whole logit rectangle is tens of MB, mapped and zeroed anew on every call:
     on CPU those page faults cost as much as the matmul that fills it. A slice's buffer stays in cache and is reused
-    by the allocator (docs/cost.md, "the per-query top-k")."""
+    by the allocator (docs/cost.md, "scored a slice of queries at a time")."""
     rows = max(1, QUERY_SLICE_FLOATS // max(per_query, 1))
     return [slice(first, min(q_len, first + rows)) for first in range(0, q_len, rows)]
 
