@@ -77,7 +77,7 @@ round2)
   cell multi --tasks niah_multikey niah_single --lengths 8k 32k --samples 10
   cell match --reader-name infllm-match --infllm-fields match_blocks=4 --tasks niah_multikey niah_single \
     --lengths 8k 32k --samples 10
-  cell keep --reader-name infllm-keep --infllm-fields keep_question_blocks=true \
+  cell plain --reader-name infllm-plain --infllm-fields keep_question_blocks=false \
     --tasks niah_single_noise passkey_standard --lengths 32k 128k --samples 25
   cell int8 --reader-name infllm-int8 --infllm-fields store_dtype=int8 --tasks niah_single_noise --lengths 32k \
     --samples 10

@@ -296,7 +296,8 @@ CARDS = {
     "smollm2-infllm": (
         "Not trained: InfLLM's training-free block retrieval (Xiao et al. 2024) with its released settings scaled to "
         "the backbone's 8k context (window 4096, 128 sink tokens, blocks of 128 tokens with 4 representative keys, "
-        "the top 16 blocks per 512-token chunk), written by "
+        "the top 16 blocks per 512-token chunk; beyond InfLLM, each decoding step also reads the blocks the "
+        "question's chunk retrieved, `keep_question_blocks`), written by "
         f'`wrap_with_memory(base, "infllm").save_pretrained`. {_BACKBONE}'
     ),
     "smollm2-hmt": (
@@ -320,11 +321,12 @@ def infllm_card_results() -> str | None:
     from hmt_adapters.evaluation.records import load_records, markdown_tables
 
     shipped = ha.MemoryConfig.from_json_file(ROOT / "examples" / "adapters" / "smollm2-infllm" / "memory_config.json")
-    saved = shipped.saved_fields()
-    rows = [  # the bare model, and the memory readers that ran this very configuration
+    saved, absent = shipped.saved_fields(), type(shipped).absent_values()
+    rows = [  # the bare model, and the memory readers that ran this very configuration (a field added after a
+        # record was written has, in that record, the value the package had then: `absent_values`)
         r
         for r in load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))
-        if r["reader"] == "backbone" or {k: r.get("config", {}).get(k) for k in saved} == saved
+        if r["reader"] == "backbone" or {k: r.get("config", {}).get(k, absent.get(k)) for k in saved} == saved
     ]
     if not any(r["reader"] != "backbone" for r in rows):
         return None

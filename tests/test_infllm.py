@@ -147,7 +147,7 @@ def test_ordered_blocks_with_every_block_retrieved_are_full_attention(length):
     shared distance W, on the same blocks, is not."""
     base = tiny_backbone("llama", max_position_embeddings=512).eval()
     ids = random_ids(2, length, seed=length)
-    ordered = wrap(base, block_positions="ordered", topk_blocks=32)
+    ordered = wrap(base, block_positions="ordered", topk_blocks=32, keep_question_blocks=False)
     with torch.no_grad():
         full = base(ids).logits
         got = ordered(input_ids=ids).logits
@@ -263,7 +263,7 @@ def test_matched_blocks_hold_the_best_single_token_for_the_last_queries_and_come
 
 
 def test_decoding_steps_keep_the_blocks_the_question_matched():
-    model = wrap(backbone(), match_blocks=2, match_queries=4)
+    model = wrap(backbone(), match_blocks=2, match_queries=4, keep_question_blocks=False)  # matched blocks alone
     model.memory.trace = {}
     ids = random_ids(1, 300, seed=1)  # the open segment at the question: 12 tokens, 3 decoding steps inside it
     model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -289,11 +289,23 @@ def test_decoding_steps_keep_the_blocks_the_question_retrieved(length):
         assert decoding and len(question["selected"][0]) == 2
         for call in decoding:  # the question's 2 blocks besides the step's own top-2
             assert set(question["selected"][0]) <= set(call["selected"][0]) and len(call["selected"][0]) == 4, layer
-    plain = wrap(backbone())
+    plain = wrap(backbone(), keep_question_blocks=False, match_queries=4)
     plain.memory.trace = {}
     plain.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0, eos_token_id=None)
     with_blocks = [c for c in plain.memory.trace[0] if c["blocks"] >= 2]
-    assert with_blocks and all(len(c["selected"][0]) == 2 for c in with_blocks)  # off by default: its own top-k
+    assert with_blocks and all(len(c["selected"][0]) == 2 for c in with_blocks)  # InfLLM's decoding: its own top-k
+    assert wrap(backbone()).memory_config.keep_question_blocks  # on by default (docs/infllm.md)
+
+
+def test_keeping_the_question_blocks_leaves_a_document_read_in_chunks_unchanged():
+    """Only calls of fewer than `match_queries` queries read the kept blocks: the logits of a document read in
+    chunks (its perplexity) are the same with `keep_question_blocks` on and off, and the blocks do matter there."""
+    ids = random_ids(2, 200, seed=3)
+    with torch.no_grad():
+        on, off = (wrap(backbone(), keep_question_blocks=k)(input_ids=ids).logits for k in (True, False))
+        no_blocks = wrap(backbone(), topk_blocks=0)(input_ids=ids).logits
+    torch.testing.assert_close(on, off, rtol=0, atol=0)
+    assert (on - no_blocks).abs().max() > 1e-3
 
 
 def test_prompts_sharing_a_beginning_read_it_once_and_answer_as_alone():
@@ -489,7 +501,10 @@ def test_blocks_past_the_ram_budget_live_in_memory_mapped_files_and_read_the_sam
         ({"window": 240}, ["240", "exceeds", "256"]),
         ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
         ({"block_positions": "shared"}, ["block_positions", "shared", "window", "ordered"]),
-        ({"block_positions": "ordered", "topk_blocks": 21}, ["ordered", "topk_blocks 21", "264", "256", "'window'"]),
+        (
+            {"block_positions": "ordered", "topk_blocks": 21, "keep_question_blocks": False},
+            ["ordered", "topk_blocks 21", "264", "256", "'window'"],
+        ),
         (
             {"block_positions": "ordered", "topk_blocks": 11, "keep_question_blocks": True},
             ["22 blocks", "twice with keep_question_blocks", "272"],
@@ -623,7 +638,7 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
     assert model.method == "infllm" and list(model.memory.parameters()) == []
     assert (model.memory.window, model.memory.sinks, model.memory.block) == (4096, 128, 128)  # scaled to SmolLM2
-    assert model.memory_config.keep_question_blocks  # the measured reader of the README's headline (infllm-keep)
+    assert model.memory_config.keep_question_blocks  # the defaults: the README headline's reader (`infllm`)
     card = str(render_model_card(wrap(backbone())))
     assert "no trained weights" in card and "is_trainable" not in card and "ha.ask(model" in card
     assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
@@ -660,7 +675,7 @@ def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blo
         return  # a sliding-window layer reads blocks its own window would not (Mistral, Gemma2/3's local layers)
     # ordered block positions with every block retrieved: the family's own RoPE (partial, interleaved) puts each
     # block key at its true position, so the whole document reads as the bare backbone reads it
-    fields = {**FAMILY_FIELDS, "topk_blocks": 6, "block_positions": "ordered"}
+    fields = {**FAMILY_FIELDS, "topk_blocks": 6, "block_positions": "ordered", "keep_question_blocks": False}
     ordered = ha.wrap_with_memory(base, "infllm", **fields, **layer_overrides("infllm", family)).eval()
     with torch.no_grad():
         got, full = ordered(input_ids=long[:, :56]).logits, base(input_ids=long[:, :56]).logits

@@ -71,10 +71,13 @@ class InfLLMConfig(MemoryConfig):
         match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query; a call
             with fewer queries (a decoding step) keeps the blocks of the last call with more (`match_blocks`,
             `keep_question_blocks`).
-        keep_question_blocks (`bool`, defaults to `False`):
+        keep_question_blocks (`bool`, defaults to `True`):
             Beyond InfLLM: each decoding step reads, besides its own top-k (InfLLM ranks blocks anew for every
             generated token), the blocks the chunk that ended in the question retrieved in the same layer, so an
-            answer copied over several tokens keeps its source in view (docs/infllm.md).
+            answer copied over several tokens keeps its source in view (docs/infllm.md, "Decoding keeps the
+            question's blocks"). Only calls of fewer than `match_queries` queries change: reading a document in
+            chunks (its perplexity) is the same either way. `False`: InfLLM's per-token ranking alone; adapter files
+            written before this field read as `False`.
         block_positions (`str`, defaults to `"window"`):
             Where the sinks and retrieved blocks sit for RoPE. `"window"`: every one of their keys at distance W
             from every query (InfLLM §3.1), so a block's tokens carry no order among themselves. `"ordered"`
@@ -133,7 +136,7 @@ class InfLLMConfig(MemoryConfig):
     match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
     match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
     keep_question_blocks: bool = field(
-        default=False, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
+        default=True, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
     block_positions: str = field(
