@@ -146,9 +146,16 @@ def provenance() -> dict:
     }
 
 
+def run_provenance() -> dict:
+    """The commit and machine of one run, kept in the run's own entry of a results file that `--update` grows run by
+    run (the file's `provenance` is the last writer's)."""
+    prov = provenance()
+    return {"commit": prov["git_commit"], "machine": prov["machine"]}
+
+
 def previous_runs(name: str, settings_of: Callable[[dict], dict], current: dict) -> dict:
-    """The runs of `benchmarks/results/<name>.json`, each keeping its commit, for `--update` (`{}` when there is no
-    such file); an error when the file's settings (`settings_of(file)`) are not `current`."""
+    """The runs of `benchmarks/results/<name>.json`, each keeping its commit and machine, for `--update` (`{}` when
+    there is no such file); an error when the file's settings (`settings_of(file)`) are not `current`."""
     path = RESULTS / f"{name}.json"
     if not path.exists():
         return {}
@@ -156,7 +163,8 @@ def previous_runs(name: str, settings_of: Callable[[dict], dict], current: dict)
     if settings_of(old) != current:
         raise ValueError(f"{path} was run with other settings ({settings_of(old)}); use another --name.")
     for row in old["runs"].values():
-        row.setdefault("commit", old["provenance"]["git_commit"])
+        row.setdefault("commit", old["provenance"]["git_commit"])  # a run from before `run_provenance`
+        row.setdefault("machine", old["provenance"]["machine"])
     return old["runs"]
 
 

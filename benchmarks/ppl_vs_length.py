@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
-from common import parse_field, previous_runs, pyplot, write_result  # noqa: E402
+from common import parse_field, previous_runs, pyplot, run_provenance, write_result  # noqa: E402
 from hmt_adapters.backbones import smollm2  # noqa: E402
 from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402
@@ -143,6 +143,8 @@ def main() -> None:
     current = {k: result[k] for k in settings}
     old = previous_runs(name, lambda d: {k: d.get(k) for k in settings}, current) if args.update else {}
     new = evaluate({n: fn for n, fn in runs.items() if n not in old}, documents, args.lengths)
+    for row in new.values():
+        row.update(run_provenance())
     if args.infllm is not None and args.infllm_name in new:
         new[args.infllm_name]["fields"] = dict(args.infllm)
         new[args.infllm_name]["config"] = infllm.memory_config.to_dict()

@@ -457,11 +457,14 @@ def version_matrix() -> str | None:
 
 
 def books_command(corpus: str, data: dict, name: str, flags: str = "") -> str:
-    """The command that recorded run `name` of `ppl_infllm_<corpus>.json`, with its commit."""
-    sha = (data["runs"][name].get("commit") or data["provenance"]["git_commit"])[:10]
+    """The command that recorded run `name` of `ppl_infllm_<corpus>.json`, with its commit and machine (a run's own
+    where it has them, else the file's: its last writer's)."""
+    run, prov = data["runs"][name], data["provenance"]
+    sha = (run.get("commit") or prov["git_commit"])[:10]
     return (
         f"`python benchmarks/ppl_vs_length.py --infllm{flags} --window {data['window']} --stride {data['stride']} "
-        f"--corpus {corpus} --documents 1 --name ppl_infllm_{corpus}{' --update' if flags else ''}` (commit `{sha}`)"
+        f"--corpus {corpus} --documents 1 --name ppl_infllm_{corpus}{' --update' if flags else ''}` (commit `{sha}`, "
+        f"{run.get('machine', prov['machine'])})"
     )
 
 
@@ -481,7 +484,7 @@ def infllm_books() -> str | None:
         }
         lengths = list(data["runs"]["infllm"]["ppl"])
         lines += [
-            f"{books_command(corpus, data, 'infllm')}, {prov['device']}, {prov['machine']}: *{doc['title']}* "
+            f"{books_command(corpus, data, 'infllm')} on {prov['device']}: *{doc['title']}* "
             f"({doc['tokens']} tokens, held out of the shipped adapters' training); perplexity of the tokens in "
             f"(C/2, C]; the bare model sees the last {data['window'] - data['stride']} to {data['window']} tokens."
             + "".join(
