@@ -297,6 +297,31 @@ def test_decoding_steps_keep_the_blocks_the_question_retrieved(length):
     assert wrap(backbone()).memory_config.keep_question_blocks  # on by default (docs/infllm.md)
 
 
+@pytest.mark.parametrize("positions", ["window", "ordered"])
+def test_decoding_with_every_block_kept_reads_what_infllms_decoding_reads(positions):
+    """With every block retrieved, a decoding step that keeps the question's blocks (read as their own part of the
+    softmax, gathered once per question) reads the same keys as one that ranks its own: the same logits."""
+    ids = random_ids(1, 200, seed=6)
+    fields = dict(topk_blocks=32, match_queries=4, block_positions=positions)
+    scores = []
+    for keep in (True, False):
+        model = wrap(tiny_backbone("llama", max_position_embeddings=1024).eval(), keep_question_blocks=keep, **fields)
+        model.memory.trace = {}
+        out = model.generate(
+            ids,
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        scores.append(torch.stack(out.scores))
+        decoding = [c for c in model.memory.trace[0] if c["end"] > 200]
+        assert decoding and all(len(c["selected"][0]) == c["blocks"] > 10 for c in decoding)  # every block
+    torch.testing.assert_close(scores[0], scores[1], atol=1e-5, rtol=1e-5)
+
+
 def test_keeping_the_question_blocks_leaves_a_document_read_in_chunks_unchanged():
     """Only calls of fewer than `match_queries` queries read the kept blocks: the logits of a document read in
     chunks (its perplexity) are the same with `keep_question_blocks` on and off, and the blocks do matter there."""

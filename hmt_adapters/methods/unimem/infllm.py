@@ -37,6 +37,8 @@ from .reading import rotate_at
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
 EXP_FLOOR = -87.0  # the lowest float32 input whose exp is a normal number (e^-87.3 = 1.18e-38, the smallest normal)
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
+# one part of a joint softmax: keys, values `[B, Hkv, n, D]` and visibility `[B, 1|Hq, 1|q, n]` (None: all visible)
+Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +75,7 @@ class InfLLM(MemoryMethod):
         self.pages = BlockPages()  # CPU blocks in RAM pages (block_pages.py: no heap holes between blocks)
         self.disk = None if config.store_disk is None else BlockPages(config.store_disk)
         self._tail_cache: dict[int, tuple[torch.Tensor, tuple, torch.Tensor]] = {}  # layer -> the last rotated tail
+        self._kept_cache: dict[int, tuple[torch.Tensor, tuple, Part]] = {}  # layer -> the kept blocks, gathered
         # Set to a dict to record, per layer, which blocks each call retrieved (recall@k in the evaluation).
         self.trace: dict[int, list[dict[str, Any]]] | None = None
 
@@ -184,11 +187,14 @@ class InfLLM(MemoryMethod):
     ) -> torch.Tensor | None:
         """Indices `[B, Hs, k]` (Hs = 1 per layer or Hkv per key/value head) of the blocks whose representative keys
         best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks. With `matched`
-        `[B, m]` (question-aware blocks, `match_blocks`), those come first and the ranking fills the other k."""
+        `[B, m]` (question-aware blocks, `match_blocks`), those come first and the ranking fills the other k. With
+        `kept` `[B, 1|Hs, k']` (a decoding step's question blocks, `keep_question_blocks`), the k come from the
+        other blocks: the step reads `kept` besides them."""
         reps = state[f"repr.{layer}"]  # [B, Hq, N, D]
         count = reps.shape[2]
-        k = min(self.config.topk_blocks + (0 if matched is None else matched.shape[1]), count)
-        if k == 0:
+        available = count - (0 if kept is None else kept.shape[-1])
+        k = min(self.config.topk_blocks + (0 if matched is None else matched.shape[1]), available)
+        if k <= 0:
             return None
         weights = query_valid.to(query_global.dtype)[:, None, :, None]  # [B, 1, q, 1]
         mean_q = (query_global * weights).sum(2) / weights.sum(2).clamp_min(1)  # [B, Hq, D]
@@ -200,9 +206,8 @@ class InfLLM(MemoryMethod):
             scores = scores.view(scores.shape[0], kv, -1, count).sum(2)
         if matched is not None:  # matched blocks rank first (each once), then InfLLM's ranking
             scores = scores.scatter(-1, matched[:, None, :].expand(-1, scores.shape[1], -1), float("inf"))
-        if kept is not None:  # the question's blocks, kept by decoding steps, rank first too
-            k = min(k + kept.shape[-1], count)
-            scores = scores.scatter(-1, kept.expand(-1, scores.shape[1], -1), float("inf"))
+        if kept is not None:  # the question's blocks, read by a decoding step besides its own
+            scores = scores.scatter(-1, kept.expand(-1, scores.shape[1], -1), float("-inf"))
         return scores.topk(k, dim=-1).indices.sort(dim=-1).values
 
     def match_blocks(
@@ -227,15 +232,17 @@ class InfLLM(MemoryMethod):
         return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
 
     def gather_global(
-        self, layer: int, state: State, chosen: torch.Tensor | None, device: torch.device
+        self, layer: int, state: State, chosen: torch.Tensor | None, device: torch.device, sinks: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The global keys: sinks then the chosen blocks. Keys, values `[B, Hkv, sinks + k * block, D]` (on `device`,
-        in the store's dtype) and validity `[B, 1|Hkv, sinks + k * block]`. Each block moves and is dequantized once
-        per call, whatever rows or heads chose it, and is copied once, into its place (a decoding step gathers a few
-        thousand keys per layer: copying them twice, into the blocks' run and then after the sinks, was a fifth of
-        its time)."""
+        """The global keys: sinks (unless `sinks=False`) then the chosen blocks. Keys, values `[B, Hkv, sinks + k *
+        block, D]` (on `device`, in the store's dtype) and validity `[B, 1|Hkv, sinks + k * block]`. Each block moves
+        and is dequantized once per call, whatever rows or heads chose it, and is copied once, into its place (a
+        decoding step gathers a few thousand keys per layer: copying them twice, into the blocks' run and then after
+        the sinks, was a fifth of its time)."""
         sinks_k, sinks_v = state[f"sink.k.{layer}"].to(device), state[f"sink.v.{layer}"].to(device)
         sinks_m = state["sink.valid"][:, None, :].to(device)
+        if not sinks:
+            sinks_k, sinks_v, sinks_m = sinks_k[:, :, :0], sinks_v[:, :, :0], sinks_m[..., :0]
         if chosen is None:
             return sinks_k, sinks_v, sinks_m
         batch, heads_sel, count = chosen.shape
@@ -285,7 +292,7 @@ class InfLLM(MemoryMethod):
         tail = (tail_rot, tail_v.to(dtype), self._tail_visibility(tail_valid, call, q_len))
         local_parts = [tail, (call.key, call.value, None if bool(own.all()) else own)]
         has_blocks = num_blocks(state, layer) > 0
-        chosen, query_global, global_part = None, None, None
+        chosen, query_global, global_part, kept_part = None, None, None, None
         if state["sink.valid"].shape[1] or has_blocks:
             # global part: the query rotated by W, stored keys unrotated (position 0): every entry at distance W
             rope = context.call_rope(call)
@@ -301,6 +308,10 @@ class InfLLM(MemoryMethod):
             chosen = self.select_blocks(layer, state, query_global, query_valid, matched, kept)
             if self.config.keep_question_blocks and q_len >= self.config.match_queries and chosen is not None:
                 context.notes[f"keep.{layer}"] = chosen  # this chunk ends in the question: its decoding keeps these
+            if kept is not None and self.config.block_positions == "window":
+                kept_part = self._kept_part(layer, state, kept, query.device, dtype, heads)
+            elif kept is not None:  # ordered: every block at its place in document order, the kept ones too
+                chosen = kept if chosen is None else torch.cat([kept, chosen], dim=-1).sort(dim=-1).values
             g_k, g_v, g_m = self.gather_global(layer, state, chosen, query.device)
             g_mask = None if bool(g_m.all()) else self._head_mask(g_m, heads)[:, :, None, :]
             g_k = g_k.to(dtype)
@@ -312,13 +323,14 @@ class InfLLM(MemoryMethod):
                 g_k = rotate_at(context, g_k, at.expand(g_k.shape[0], count), query)
                 query_global = query
             global_part = (g_k, g_v.to(dtype), g_mask)
-        keys = tail_len + call.key.shape[2] + (0 if global_part is None else global_part[0].shape[2])
+        global_parts = [part for part in (kept_part, global_part) if part is not None]
+        keys = tail_len + call.key.shape[2] + sum(part[0].shape[2] for part in global_parts)
         outs, received = [], []
         for rows in query_slices(q_len, batch * heads * keys):  # the logits a slice of queries at a time
             sliced = [(query[:, :, rows], part) for part in local_parts]
-            if global_part is not None:
+            if global_parts:
                 assert query_global is not None  # computed with the global part
-                sliced.insert(0, (query_global[:, :, rows], global_part))
+                sliced[:0] = [(query_global[:, :, rows], part) for part in global_parts]
             logits, masks = [], []
             for q, (k, _, visible) in sliced:
                 logits.append(head_scores(q * scaling, k).float())
@@ -342,10 +354,35 @@ class InfLLM(MemoryMethod):
                     "blocks": num_blocks(state, layer),
                     "sinks": self.sinks if sinks_moved else 0,
                     "local_from": stored - tail_len,
-                    "selected": [] if chosen is None else [sorted(set(row.tolist())) for row in chosen[0]],
+                    "selected": self._traced(chosen, kept if kept_part is not None else None),
                 }
             )
         return out.transpose(1, 2).contiguous(), None
+
+    @staticmethod
+    def _traced(chosen: torch.Tensor | None, kept: torch.Tensor | None) -> list[list[int]]:
+        """The blocks a call read (`trace`), per head selection of the first row: its own and those it kept."""
+        parts = [t[0] for t in (chosen, kept) if t is not None]
+        if not parts:
+            return []
+        selections = max(t.shape[0] for t in parts)
+        return [sorted({j for t in parts for j in t[min(h, t.shape[0] - 1)].tolist()}) for h in range(selections)]
+
+    def _kept_part(
+        self, layer: int, state: State, kept: torch.Tensor, device: torch.device, dtype: torch.dtype, heads: int
+    ) -> Part:
+        """The blocks a decoding step keeps from the question (`keep_question_blocks`) as one softmax part, gathered
+        once per question and layer: every step of an answer reads the same ones (the same `kept` tensor, in the
+        state or the open segment's notes), and gathering them again for each generated token was a third of the
+        step's extra cost over InfLLM's own decoding (docs/infllm.md, "Decoding keeps the question's blocks")."""
+        key = (device, dtype, heads)
+        hit = self._kept_cache.get(layer)
+        if hit is not None and hit[0] is kept and hit[1] == key:
+            return hit[2]
+        k, v, m = self.gather_global(layer, state, kept, device, sinks=False)
+        part = (k.to(dtype), v.to(dtype), None if bool(m.all()) else self._head_mask(m, heads)[:, :, None, :])
+        self._kept_cache[layer] = (kept, key, part)
+        return part
 
     def _rotated_tail(self, layer: int, state: State, context: AttentionContext, query: torch.Tensor) -> torch.Tensor:
         """The tail's keys rotated at their true positions relative to the chunk's window (it starts at window
