@@ -76,8 +76,9 @@ class InfLLMConfig(MemoryConfig):
             generated token), the blocks the chunk that ended in the question retrieved in the same layer, so an
             answer copied over several tokens keeps its source in view (docs/infllm.md, "Decoding keeps the
             question's blocks"). Only calls of fewer than `match_queries` queries change: reading a document in
-            chunks (its perplexity) is the same either way. `False`: InfLLM's per-token ranking alone; adapter files
-            written before this field read as `False`.
+            chunks (its perplexity) is the same either way. `False`: InfLLM's per-token ranking alone (with
+            `match_blocks` it did better on look-alike needles: a step reads half the blocks); adapter files written
+            before this field read as `False`.
         block_positions (`str`, defaults to `"window"`):
             Where the sinks and retrieved blocks sit for RoPE. `"window"`: every one of their keys at distance W
             from every query (InfLLM §3.1), so a block's tokens carry no order among themselves. `"ordered"`
