@@ -239,10 +239,10 @@ class InfLLM(MemoryMethod):
         and is dequantized once per call, whatever rows or heads chose it, and is copied once, into its place (a
         decoding step gathers a few thousand keys per layer: copying them twice, into the blocks' run and then after
         the sinks, was a fifth of its time)."""
-        sinks_k, sinks_v = state[f"sink.k.{layer}"].to(device), state[f"sink.v.{layer}"].to(device)
-        sinks_m = state["sink.valid"][:, None, :].to(device)
+        sinks_k, sinks_v, sinks_m = state[f"sink.k.{layer}"], state[f"sink.v.{layer}"], state["sink.valid"][:, None]
         if not sinks:
             sinks_k, sinks_v, sinks_m = sinks_k[:, :, :0], sinks_v[:, :, :0], sinks_m[..., :0]
+        sinks_k, sinks_v, sinks_m = sinks_k.to(device), sinks_v.to(device), sinks_m.to(device)
         if chosen is None:
             return sinks_k, sinks_v, sinks_m
         batch, heads_sel, count = chosen.shape
@@ -313,7 +313,7 @@ class InfLLM(MemoryMethod):
             elif kept is not None:  # ordered: every block at its place in document order, the kept ones too
                 chosen = kept if chosen is None else torch.cat([kept, chosen], dim=-1).sort(dim=-1).values
             g_k, g_v, g_m = self.gather_global(layer, state, chosen, query.device)
-            g_mask = None if bool(g_m.all()) else self._head_mask(g_m, heads)[:, :, None, :]
+            g_mask = self._global_visibility(g_m, heads)
             g_k = g_k.to(dtype)
             if self.config.block_positions == "ordered":  # docs/infllm.md, "Block positions"
                 # sinks, then the blocks in document order (`select_blocks` sorts them), just before the tail's
@@ -376,13 +376,21 @@ class InfLLM(MemoryMethod):
         state or the open segment's notes), and gathering them again for each generated token was a third of the
         step's extra cost over InfLLM's own decoding (docs/infllm.md, "Decoding keeps the question's blocks")."""
         key = (device, dtype, heads)
-        hit = self._kept_cache.get(layer)
-        if hit is not None and hit[0] is kept and hit[1] == key:
-            return hit[2]
-        k, v, m = self.gather_global(layer, state, kept, device, sinks=False)
-        part = (k.to(dtype), v.to(dtype), None if bool(m.all()) else self._head_mask(m, heads)[:, :, None, :])
-        self._kept_cache[layer] = (kept, key, part)
+        part = self._cached(self._kept_cache, layer, kept, key)
+        if part is None:
+            k, v, m = self.gather_global(layer, state, kept, device, sinks=False)
+            part = (k.to(dtype), v.to(dtype), self._global_visibility(m, heads))
+            self._kept_cache[layer] = (kept, key, part)
         return part
+
+    @staticmethod
+    def _cached(
+        cache: dict[int, tuple[torch.Tensor, tuple, Any]], layer: int, source: torch.Tensor, key: tuple
+    ) -> Any:
+        """What `cache` holds for `layer` if it was built from this very `source` tensor (identity, not value: a
+        new segment replaces a state's tensors) under the same `key`; else None."""
+        hit = cache.get(layer)
+        return hit[2] if hit is not None and hit[0] is source and hit[1] == key else None
 
     def _rotated_tail(self, layer: int, state: State, context: AttentionContext, query: torch.Tensor) -> torch.Tensor:
         """The tail's keys rotated at their true positions relative to the chunk's window (it starts at window
@@ -391,9 +399,9 @@ class InfLLM(MemoryMethod):
         tail_k = state[f"tail.k.{layer}"]
         stored, tail_len = self.stored(state), tail_k.shape[2]
         key = (tail_k._version, stored, query.dtype, query.device, query.shape[0])
-        hit = self._tail_cache.get(layer)
-        if hit is not None and hit[0] is tail_k and hit[1] == key:
-            return hit[2]
+        hit = self._cached(self._tail_cache, layer, tail_k, key)
+        if hit is not None:
+            return hit
         tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
         rotated = rotate_at(context, tail_k.to(query.dtype), tail_pos.expand(query.shape[0], tail_len), query)
         if not rotated.requires_grad:  # a tail in a graph (training through the backbone) is not kept across calls
@@ -474,6 +482,10 @@ class InfLLM(MemoryMethod):
             return x
         cos, sin = rope[0][:, None], rope[1][:, None]
         return apply_rope(x, cos, sin, *rope[2:])
+
+    def _global_visibility(self, valid: torch.Tensor, heads: int) -> torch.Tensor | None:
+        """A global part's visibility `[B, 1|Hq, 1, n]` from its validity `[B, 1|Hkv, n]` (None: every key real)."""
+        return None if bool(valid.all()) else self._head_mask(valid, heads)[:, :, None, :]
 
     def _head_mask(self, mask: torch.Tensor, heads: int) -> torch.Tensor:
         """`[B, 1|Hkv, G]` -> `[B, 1|Hq, G]` (query head h reads key/value head h // group)."""
