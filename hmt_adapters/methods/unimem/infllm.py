@@ -16,7 +16,8 @@ representative key per query head: the mean of its `representative_keys` top-sco
 
 State (a flat dict, never mutated): `tail.k.{i}`/`tail.v.{i}` `[B, Hkv, R, D]` pre-RoPE K/V of the uncut tokens,
 `tail.score.{i}` `[B, Hq, R]`, `tail.valid` `[B, R]`; `sink.*` the sinks once they left the window; per block b
-`block.k.{i}.{b}`/`block.v.{i}.{b}` `[B, Hkv, block, D]` and `block.valid.{b}`; `repr.{i}` `[B, Hq, blocks, D]`.
+`block.k.{i}.{b}`/`block.v.{i}.{b}` `[B, Hkv, block, D]` and `block.valid.{b}`; `repr.{i}` `[B, Hq, blocks, D]`;
+with `match_score="tokens"`, `tail.ids` `[B, R]` and `block.ids.{b}` `[B, block]`, the tokens' ids.
 Blocks are separate entries, so a new chunk adds entries and copies nothing old: the cost per chunk is flat in
 document length except the block scoring, one small matmul over the representatives.
 """
@@ -103,6 +104,8 @@ class InfLLM(MemoryMethod):
             "tail.valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
             "sink.valid": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
         }
+        if self.config.match_score == "tokens":  # the tail's token ids, kept with each block it is cut into
+            state["tail.ids"] = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         empty_kv = (batch_size, b.num_kv_heads, 0, b.head_dim)
         for i in self.layers:
             for part in ("tail", "sink"):
@@ -114,10 +117,10 @@ class InfLLM(MemoryMethod):
 
     def state_differences(self, tensors: State, dtype: torch.dtype) -> list[str]:
         """The store grows: the tail, sinks, scores and representatives along their token (or block) dim, plus one
-        entry per block (`block.{k,v,ks,vs}.{layer}.{b}`, `block.valid.{b}`, b below the block count) and the
+        entry per block (`block.{k,v,ks,vs}.{layer}.{b}`, `block.{valid,ids}.{b}`, b below the block count) and the
         question-aware blocks (`match`). Everything else is checked as every method's state is."""
         own = self.init_state(1, torch.device("meta"), dtype)
-        growing = {name: 1 if name.endswith("valid") else 2 for name in own if name != "seen"}
+        growing = {name: 1 if name.endswith(("valid", "ids")) else 2 for name in own if name != "seen"}
         diffs = compare_state(own, {k: v for k, v in tensors.items() if k in own}, growing)
         reps = tensors.get(f"repr.{self.layers[0]}")
         count = 0 if reps is None else reps.shape[2]
@@ -126,7 +129,7 @@ class InfLLM(MemoryMethod):
         kept = {f"keep.{i}" for i in self.layers}
         for name in sorted(set(tensors) - set(own) - {"match"} - kept):
             parts = name.split(".")
-            if parts[:2] == ["block", "valid"] and len(parts) == 3 and parts[2].isdigit():
+            if parts[0] == "block" and parts[1] in ("valid", "ids") and len(parts) == 3 and parts[2].isdigit():
                 index, want = int(parts[2]), (self.block,)
             elif (
                 len(parts) == 4
@@ -170,9 +173,9 @@ class InfLLM(MemoryMethod):
 
     # ---- reading -------------------------------------------------------------------------------------------
 
-    def _attend(self, layer: int, state: State, mask: torch.Tensor):
+    def _attend(self, layer: int, state: State, segment: Segment):
         def attend(call: AttentionCall, context: AttentionContext):
-            return self.read(layer, state, call, context, mask)
+            return self.read(layer, state, call, context, segment.mask, segment.ids)
 
         return attend
 
@@ -231,6 +234,26 @@ class InfLLM(MemoryMethod):
         token = token.masked_fill(~valid, float("-inf")).view(batch, count, size)
         return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
 
+    def match_tokens(self, state: State, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`[B, m]` the `match_blocks` blocks that hold the most of the question's words: the distinct tokens among
+        the segment's last `match_queries` real ones, each weighted by its rarity in the stored blocks (BM25's idf:
+        a word in every block counts for nothing), a block scored by the weights of the question tokens it holds
+        (docs/infllm.md, "Question-aware blocks"). Token ids only: a few integer comparisons per stored token."""
+        count = state[f"repr.{self.layers[0]}"].shape[2]
+        blocks = torch.stack([state[f"block.ids.{b}"] for b in range(count)], dim=1)  # [B, N, size]
+        real = torch.stack([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(blocks.device)
+        blocks = blocks.masked_fill(~real, -1)  # padding slots match nothing
+        last = mask.long().cumsum(1)
+        last = mask.bool() & (last > last[:, -1:] - self.config.match_queries)
+        picked = []
+        for row in range(blocks.shape[0]):
+            question = ids[row][last[row]].unique().to(blocks.device)  # [T]
+            held = (blocks[row, :, :, None] == question).any(1)  # [N, T]: block n holds question token t
+            df = held.sum(0).float()
+            idf = torch.log1p((count - df + 0.5) / (df + 0.5)) * (df > 0)
+            picked.append((held.float() @ idf).topk(min(self.config.match_blocks, count)).indices)
+        return torch.stack(picked)
+
     def gather_global(
         self, layer: int, state: State, chosen: torch.Tensor | None, device: torch.device, sinks: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -273,10 +296,12 @@ class InfLLM(MemoryMethod):
         call: AttentionCall,
         context: AttentionContext,
         segment_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ):
         """The layer's attention output `([B, q, Hq, D], None)` over global (sinks + retrieved blocks, at distance
         W) and local (tail at true distances + the chunk, causal) keys, one softmax. `segment_mask` `[B, L]` marks
-        the segment's real tokens: padding queries do not count in the chunk's mean query."""
+        the segment's real tokens: padding queries do not count in the chunk's mean query; `segment_ids` `[B, L]`
+        are its tokens (`match_score="tokens"`)."""
         query = call.query  # [B, Hq, q, D], rotated at the window positions of this call
         batch, heads, q_len, dim = query.shape
         dtype = query.dtype
@@ -303,7 +328,8 @@ class InfLLM(MemoryMethod):
                 query_valid = segment_mask.bool().to(query.device)
             matched = None
             if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
-                matched = self._matched(layer, state, context, query_pre, query_valid)
+                tokens = None if segment_ids is None or segment_mask is None else (segment_ids, segment_mask)
+                matched = self._matched(layer, state, context, query_pre, query_valid, tokens)
             kept = self._kept(layer, state, context, q_len) if self.config.keep_question_blocks else None
             chosen = self.select_blocks(layer, state, query_global, query_valid, matched, kept)
             if self.config.keep_question_blocks and q_len >= self.config.match_queries and chosen is not None:
@@ -452,17 +478,29 @@ class InfLLM(MemoryMethod):
         return near if visible is None else visible & near
 
     def _matched(
-        self, layer: int, state: State, context: AttentionContext, query_pre: torch.Tensor, query_valid: torch.Tensor
+        self,
+        layer: int,
+        state: State,
+        context: AttentionContext,
+        query_pre: torch.Tensor,
+        query_valid: torch.Tensor,
+        tokens: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor | None:
         """The question-aware blocks of this call: ranked afresh in `match_layer` when the call has at least
         `match_queries` queries (a chunk ending in the question), else those of the last such call (the open
         segment's first call, then the last closed segment's, kept in the state): a decoding step's single query is
-        not the question. Later layers of the call read the same blocks."""
+        not the question. Later layers of the call read the same blocks. `tokens`: the segment's ids and mask, which
+        `match_score="tokens"` ranks by."""
         if layer == self.config.match_layer:
             if query_pre.shape[2] >= self.config.match_queries or (
                 MATCH_NOTE not in context.notes and "match" not in state
             ):
-                context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
+                if self.config.match_score == "tokens":
+                    if tokens is None:
+                        raise ValueError("match_score='tokens' ranks blocks by the segment's token ids; none given.")
+                    context.notes[MATCH_NOTE] = self.match_tokens(state, *tokens)
+                else:
+                    context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
             elif MATCH_NOTE not in context.notes:
                 context.notes[MATCH_NOTE] = state["match"]
         return context.notes.get(MATCH_NOTE)
@@ -495,7 +533,7 @@ class InfLLM(MemoryMethod):
 
     def prepare(self, segment: Segment, state: State, plan) -> Layout:
         context = AttentionContext(
-            reads={i: self._attend(i, state, segment.mask) for i in self.layers},
+            reads={i: self._attend(i, state, segment) for i in self.layers},
             record_layers=frozenset(self.layers),
             rotary=self.backbone.rotary,
         )
@@ -512,6 +550,8 @@ class InfLLM(MemoryMethod):
         mask = segment.mask.bool()
         out["seen"] = state["seen"] + mask.long().sum(1)
         out["tail.valid"] = torch.cat([state["tail.valid"], mask], dim=1)
+        if "tail.ids" in state:
+            out["tail.ids"] = torch.cat([state["tail.ids"], segment.ids.to(state["tail.ids"].device)], dim=1)
         for i in self.layers:
             k, v = context.records[i]
             k, v = k[:, :, -length:], v[:, :, -length:]
@@ -545,6 +585,8 @@ class InfLLM(MemoryMethod):
         out = dict(state)
         out[f"{part}.valid"] = state["tail.valid"][:, :count]
         out["tail.valid"] = state["tail.valid"][:, count:]
+        if "tail.ids" in state:  # sinks are never matched: their ids are not kept
+            out["tail.ids"] = state["tail.ids"][:, count:]
         for i in self.layers:
             for kv in ("k", "v"):
                 out[f"{part}.{kv}.{i}"] = state[f"tail.{kv}.{i}"][:, :, :count]
@@ -578,6 +620,9 @@ class InfLLM(MemoryMethod):
         valid = state["tail.valid"][:, :size]
         out[f"block.valid.{index}"] = valid
         out["tail.valid"] = state["tail.valid"][:, size:]
+        if "tail.ids" in state:
+            out[f"block.ids.{index}"] = state["tail.ids"][:, :size].clone()  # own storage, as the keys'
+            out["tail.ids"] = state["tail.ids"][:, size:]
         for i in self.layers:
             k, v = state[f"tail.k.{i}"], state[f"tail.v.{i}"]
             block_k, block_v = k[:, :, :size].clone(), v[:, :, :size].clone()  # own storage: the tail is freed

@@ -18,6 +18,7 @@ from ...config import MemoryConfig
 STORE_DTYPES = ("float32", "bfloat16", "float16", "int8")
 SELECT_PER = ("layer", "kv_head")
 BLOCK_POSITIONS = ("window", "ordered")
+MATCH_SCORES = ("attention", "tokens")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
 INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
 
@@ -67,7 +68,15 @@ class InfLLMConfig(MemoryConfig):
             of InfLLM's ranking. Layer 0's keys are close to the token embeddings, so its best token matches the
             question's words (a name) where block representatives see only which blocks are unusual
             (docs/infllm.md, "Question-aware blocks"). 0: InfLLM's ranking alone.
-        match_layer (`int`, defaults to 0): The memory layer whose stored keys rank the `match_blocks`.
+        match_layer (`int`, defaults to 0): The memory layer whose stored keys rank the `match_blocks` (with
+            `match_score="tokens"`: the first layer that reads them).
+        match_score (`str`, defaults to `"attention"`):
+            How the `match_blocks` are ranked. `"attention"`: a block's best single key in `match_layer` against
+            the mean of the chunk's last `match_queries` queries (above). `"tokens"`: the words the question and
+            a block share: the distinct token ids of the chunk's last `match_queries` tokens, each weighted by its
+            rarity among the stored blocks (BM25's idf), summed over those a block holds; exact where layer 0's
+            keys are only close to it (docs/infllm.md, "Question-aware blocks"). Stores one token id per
+            stored token.
         match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query; a call
             with fewer queries (a decoding step) keeps the blocks of the last call with more (`match_blocks`,
             `keep_question_blocks`).
@@ -140,6 +149,10 @@ class InfLLMConfig(MemoryConfig):
         default=True, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
+    match_score: str = field(
+        default="attention",
+        metadata={"help": "Ranking of the matched blocks.", "choices": MATCH_SCORES, "absent": "attention"},
+    )
     block_positions: str = field(
         default="window",
         metadata={"help": "RoPE positions of sinks and blocks.", "choices": BLOCK_POSITIONS, "absent": "window"},
