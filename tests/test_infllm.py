@@ -262,15 +262,46 @@ def test_matched_blocks_hold_the_best_single_token_for_the_last_queries_and_come
     assert set(plain[0, 0].tolist()) - {target} <= set(chosen[0, 0].tolist())
 
 
-def test_decoding_steps_keep_the_blocks_the_question_matched():
-    model = wrap(backbone(), match_blocks=2, match_queries=4, keep_question_blocks=False)  # matched blocks alone
+def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
+    model = wrap(backbone(), match_blocks=1, match_queries=4, match_score="tokens")
+    ids = random_ids(1, 300, seed=2) % 80  # tokens 80-95 only where placed below
+    ids[0, 8:] = torch.where(torch.arange(292) % 8 == 0, 80, ids[0, 8:])  # token 80 in every block: weighs nothing
+    ids[0, 100:102] = torch.tensor([91, 92])  # block 11 (tokens 96-103) holds two rare question words
+    ids[0, 150] = 93  # block 17 one rare word, plus token 80 (in every block)
+    ids[0, -4:] = torch.tensor([80, 91, 92, 93])  # the question
+    with torch.no_grad():
+        _, state = model.step(ids[:, :288])
+    method, tensors = model.memory, dict(state.tensors)
+    assert tensors["block.ids.11"][0, 4:6].tolist() == [91, 92] and "tail.ids" in tensors
+    real = torch.ones(1, 12, dtype=torch.bool)
+    assert method.match_tokens(tensors, ids[:, 288:], real).tolist() == [[11, 12]]  # with the block after it
+    model.memory_config.match_blocks = 2
+    assert method.match_tokens(tensors, ids[:, 288:], real)[0].tolist() == [11, 12, 17, 18]
+    real[0, -3:] = False  # padding at the end: the question is the last real tokens (..., 80), not 91-93
+    assert 11 not in method.match_tokens(tensors, ids[:, 288:], real)[0].tolist()
+    model.memory.trace = {}
+    model.memory_config.match_blocks = 1
+    with torch.no_grad():
+        model.step(ids)  # the question's call reads blocks 11 and 12 in every layer, besides InfLLM's top-2
+    for calls in model.memory.trace.values():
+        question = next(c for c in calls if c["end"] == 300)
+        assert {11, 12} <= set(question["selected"][0]) and len(question["selected"][0]) == 4
+    assert wrap(backbone(), match_blocks=1).memory_config.match_score == "attention"  # the default
+    with pytest.raises(ValueError, match="match_score.*'attention', 'tokens'"):
+        wrap(backbone(), match_blocks=1, match_score="words")
+
+
+@pytest.mark.parametrize("match_score", ["attention", "tokens"])
+def test_decoding_steps_keep_the_blocks_the_question_matched(match_score):
+    model = wrap(backbone(), match_blocks=2, match_queries=4, keep_question_blocks=False, match_score=match_score)
     model.memory.trace = {}
     ids = random_ids(1, 300, seed=1)  # the open segment at the question: 12 tokens, 3 decoding steps inside it
     model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
     question, *decoding = [c for c in model.memory.trace[1] if c["end"] >= 300]
     assert question["end"] == 300 and [c["end"] for c in decoding] == [301, 302, 303]
-    # every step reads the 2 blocks the question matched besides its own top-2 (InfLLM's ranking of its one query)
-    assert all(len(c["selected"][0]) == 4 for c in decoding)
+    # every step reads the blocks the question matched besides its own top-2 (InfLLM's ranking of its one query)
+    matched = 2 if match_score == "attention" else 4  # tokens: each matched block with the one after it
+    assert all(len(c["selected"][0]) == 2 + matched for c in decoding)
     assert len(set.intersection(*(set(c["selected"][0]) for c in [question, *decoding]))) >= 2
     assert wrap(backbone(), match_blocks=0).memory_config.match_blocks == 0
     with pytest.raises(ValueError, match="match_layer"):
@@ -375,9 +406,9 @@ def test_state_round_trip_continues_the_stream_exactly(tmp_path):
     torch.testing.assert_close(again.logits, direct.logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("store_dtype", [None, "int8"])
-def test_an_unsigned_state_with_blocks_is_checked_by_its_growing_store(store_dtype):
-    model = wrap(backbone(), store_dtype=store_dtype, match_blocks=1, match_queries=2)
+@pytest.mark.parametrize(("store_dtype", "match_score"), [(None, "attention"), ("int8", "attention"), (None, "tokens")])
+def test_an_unsigned_state_with_blocks_is_checked_by_its_growing_store(store_dtype, match_score):
+    model = wrap(backbone(), store_dtype=store_dtype, match_blocks=1, match_queries=2, match_score=match_score)
     ids = random_ids(1, 240, seed=4)
     with torch.no_grad():
         _, state = model.step(ids[:, :208])
@@ -392,6 +423,11 @@ def test_an_unsigned_state_with_blocks_is_checked_by_its_growing_store(store_dty
     bad.tensors["block.k.1.0"] = bad.tensors["block.k.1.0"][..., :4]  # a block of the wrong width
     with pytest.raises(ValueError, match=rf"names block {count}.*'block.k.1.0' per-stream shape"):
         model.step(ids[:, 208:], bad)
+    if match_score == "tokens":  # the blocks' token ids are checked as their keys are
+        short = ha.MemoryState(state.method, dict(state.tensors), state.segments_seen)
+        short.tensors["block.ids.0"] = short.tensors["block.ids.0"][:, :3]
+        with pytest.raises(ValueError, match=r"'block.ids.0' per-stream shape \(3,\)"):
+            model.step(ids[:, 208:], short)
 
 
 def test_bf16_store_keeps_blocks_in_bf16_close_to_float32():

@@ -235,10 +235,13 @@ class InfLLM(MemoryMethod):
         return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
 
     def match_tokens(self, state: State, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """`[B, m]` the `match_blocks` blocks that hold the most of the question's words: the distinct tokens among
-        the segment's last `match_queries` real ones, each weighted by its rarity in the stored blocks (BM25's idf:
-        a word in every block counts for nothing), a block scored by the weights of the question tokens it holds
-        (docs/infllm.md, "Question-aware blocks"). Token ids only: a few integer comparisons per stored token."""
+        """`[B, 2m]` the `match_blocks` blocks that hold the most of the question's words, each followed by the
+        block after it (where a needle cut at a block boundary keeps its answer: the words asked about come first;
+        the last block's successor is in the local window, so it repeats the block). The question's words: the
+        distinct tokens among the segment's last `match_queries` real ones, each weighted by its rarity in the
+        stored blocks (BM25's idf: a word in every block counts for nothing); a block scores the weights of those it
+        holds (docs/infllm.md, "Question-aware blocks"). Token ids only: a few integer comparisons per stored
+        token."""
         count = state[f"repr.{self.layers[0]}"].shape[2]
         blocks = torch.stack([state[f"block.ids.{b}"] for b in range(count)], dim=1)  # [B, N, size]
         real = torch.stack([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(blocks.device)
@@ -252,7 +255,8 @@ class InfLLM(MemoryMethod):
             df = held.sum(0).float()
             idf = torch.log1p((count - df + 0.5) / (df + 0.5)) * (df > 0)
             picked.append((held.float() @ idf).topk(min(self.config.match_blocks, count)).indices)
-        return torch.stack(picked)
+        best = torch.stack(picked)
+        return torch.stack([best, (best + 1).clamp_max(count - 1)], dim=-1).flatten(1)
 
     def gather_global(
         self, layer: int, state: State, chosen: torch.Tensor | None, device: torch.device, sinks: bool = True

@@ -74,9 +74,10 @@ class InfLLMConfig(MemoryConfig):
             How the `match_blocks` are ranked. `"attention"`: a block's best single key in `match_layer` against
             the mean of the chunk's last `match_queries` queries (above). `"tokens"`: the words the question and
             a block share: the distinct token ids of the chunk's last `match_queries` tokens, each weighted by its
-            rarity among the stored blocks (BM25's idf), summed over those a block holds; exact where layer 0's
-            keys are only close to it (docs/infllm.md, "Question-aware blocks"). Stores one token id per
-            stored token.
+            rarity among the stored blocks (BM25's idf), summed over those a block holds; each matched block is
+            read with the block after it (a needle cut at a block boundary keeps its answer there), so
+            `2 * match_blocks` blocks. Exact where layer 0's keys are only close to token identity
+            (docs/infllm.md, "Question-aware blocks"). Stores one token id per stored token.
         match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query; a call
             with fewer queries (a decoding step) keeps the blocks of the last call with more (`match_blocks`,
             `keep_question_blocks`).
@@ -219,12 +220,13 @@ class InfLLMConfig(MemoryConfig):
             )
         if self.block_positions == "ordered" and max_positions is not None:
             # a decoding step with `keep_question_blocks` reads its own blocks and the question's (`InfLLM._kept`)
-            blocks = (self.topk_blocks + self.match_blocks) * (2 if self.keep_question_blocks else 1)
+            matched = self.match_blocks * (2 if self.match_score == "tokens" else 1)  # tokens: each with its next
+            blocks = (self.topk_blocks + matched) * (2 if self.keep_question_blocks else 1)
             ordered = span + sinks + blocks * block
             if ordered > max_positions:
                 raise ValueError(
                     f"block_positions='ordered' puts sink_tokens ({sinks}) + up to {blocks} blocks of {block} "
-                    f"tokens (topk_blocks {self.topk_blocks} + match_blocks {self.match_blocks}"
+                    f"tokens (topk_blocks {self.topk_blocks} + {matched} matched"
                     f"{', twice with keep_question_blocks' if self.keep_question_blocks else ''}) before the local "
                     f"span ({span}): {ordered} positions, past the backbone's {max_positions}; lower `topk_blocks` "
                     "or `window`, or use block_positions='window'."
