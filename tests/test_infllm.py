@@ -406,7 +406,9 @@ def test_state_round_trip_continues_the_stream_exactly(tmp_path):
     torch.testing.assert_close(again.logits, direct.logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize(("store_dtype", "match_score"), [(None, "attention"), ("int8", "attention"), (None, "tokens")])
+@pytest.mark.parametrize(
+    ("store_dtype", "match_score"), [(None, "attention"), ("int8", "attention"), (None, "tokens")]
+)
 def test_an_unsigned_state_with_blocks_is_checked_by_its_growing_store(store_dtype, match_score):
     model = wrap(backbone(), store_dtype=store_dtype, match_blocks=1, match_queries=2, match_score=match_score)
     ids = random_ids(1, 240, seed=4)
