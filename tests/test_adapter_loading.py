@@ -209,8 +209,9 @@ def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
 
 def test_a_file_written_before_a_field_was_added_loads_with_the_behaviour_it_had(tmp_path):
     """`keep_question_blocks`, `block_positions` and `match_score` came after InfLLM files existed (metadata
-    `"absent"`): a file without them loads with `False` / `"window"` / `"attention"`, the behaviour of the package that wrote it (whatever today's
-    default: `keep_question_blocks` is `True` now); a missing field that is not marked is still refused."""
+    `"absent"`): a file without them loads with `False` / `"window"` / `"attention"`, the behaviour of the package
+    that wrote it (whatever today's default: `keep_question_blocks` is `True` now); a missing field that is not marked
+    is still refused."""
     model = ha.wrap_with_memory(
         tiny_backbone("llama"),
         "infllm",

@@ -289,6 +289,8 @@ def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
     assert wrap(backbone(), match_blocks=1).memory_config.match_score == "attention"  # the default
     with pytest.raises(ValueError, match="match_score.*'attention', 'tokens'"):
         wrap(backbone(), match_blocks=1, match_score="words")
+    with pytest.raises(ValueError, match=r"`match_score` \('tokens'\) ranks the `match_blocks`, which is 0"):
+        wrap(backbone(), match_score="tokens")
 
 
 @pytest.mark.parametrize("match_score", ["attention", "tokens"])

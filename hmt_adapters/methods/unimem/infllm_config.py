@@ -187,6 +187,11 @@ class InfLLMConfig(MemoryConfig):
                 f"`store_disk` keeps blocks in CPU memory-mapped files, but `store_device` is {self.store_device!r}: "
                 "use store_device='cpu' (or None with a model on the CPU)."
             )
+        if self.match_score != "attention" and not self.match_blocks:
+            raise ValueError(
+                f"`match_score` ({self.match_score!r}) ranks the `match_blocks`, which is 0: set match_blocks >= 1, "
+                "or leave match_score='attention'."
+            )
         if self.match_blocks and self.memory_layers is not None and self.match_layer not in self.memory_layers:
             raise ValueError(
                 f"`match_layer` ({self.match_layer}) must be one of `memory_layers` {list(self.memory_layers)}: "
