@@ -175,7 +175,7 @@ class InfLLM(MemoryMethod):
 
     def _attend(self, layer: int, state: State, segment: Segment):
         def attend(call: AttentionCall, context: AttentionContext):
-            return self.read(layer, state, call, context, segment.mask, segment.ids)
+            return self.read(layer, state, call, context, segment)
 
         return attend
 
@@ -220,8 +220,7 @@ class InfLLM(MemoryMethod):
         `match_queries` real queries, pre-RoPE on both sides, summed over heads (docs/infllm.md, "Question-aware
         blocks"). Costs one pass over the layer's stored keys per chunk, not one per token."""
         count, size = num_blocks(state, layer), self.block
-        last = query_valid.long().cumsum(1)
-        last = query_valid & (last > last[:, -1:] - self.config.match_queries)  # the last real queries of each row
+        last = self._last_real(query_valid)
         weights = last.to(query_pre.dtype)[:, None, :, None]
         mean_q = (query_pre * weights).sum(2) / weights.sum(2).clamp_min(1)  # [B, Hq, D]
         batch, heads, dim = mean_q.shape
@@ -233,6 +232,12 @@ class InfLLM(MemoryMethod):
         valid = torch.cat([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(device)
         token = token.masked_fill(~valid, float("-inf")).view(batch, count, size)
         return token.amax(-1).topk(min(self.config.match_blocks, count), dim=-1).indices
+
+    def _last_real(self, mask: torch.Tensor) -> torch.Tensor:
+        """`[B, L]` bool: the last `match_queries` real positions of each row of `mask` (the question)."""
+        real = mask.bool()
+        count = real.long().cumsum(1)
+        return real & (count > count[:, -1:] - self.config.match_queries)
 
     def match_tokens(self, state: State, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`[B, 2m]` the `match_blocks` blocks that hold the most of the question's words, each followed by the
@@ -246,8 +251,7 @@ class InfLLM(MemoryMethod):
         blocks = torch.stack([state[f"block.ids.{b}"] for b in range(count)], dim=1)  # [B, N, size]
         real = torch.stack([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(blocks.device)
         blocks = blocks.masked_fill(~real, -1)  # padding slots match nothing
-        last = mask.long().cumsum(1)
-        last = mask.bool() & (last > last[:, -1:] - self.config.match_queries)
+        last = self._last_real(mask)
         picked = []
         for row in range(blocks.shape[0]):
             question = ids[row][last[row]].unique().to(blocks.device)  # [T]
@@ -299,13 +303,11 @@ class InfLLM(MemoryMethod):
         state: State,
         call: AttentionCall,
         context: AttentionContext,
-        segment_mask: torch.Tensor | None = None,
-        segment_ids: torch.Tensor | None = None,
+        segment: Segment | None = None,
     ):
         """The layer's attention output `([B, q, Hq, D], None)` over global (sinks + retrieved blocks, at distance
-        W) and local (tail at true distances + the chunk, causal) keys, one softmax. `segment_mask` `[B, L]` marks
-        the segment's real tokens: padding queries do not count in the chunk's mean query; `segment_ids` `[B, L]`
-        are its tokens (`match_score="tokens"`)."""
+        W) and local (tail at true distances + the chunk, causal) keys, one softmax. `segment`: the chunk being read;
+        its padding queries do not count in the chunk's mean query, and `match_score="tokens"` ranks by its ids."""
         query = call.query  # [B, Hq, q, D], rotated at the window positions of this call
         batch, heads, q_len, dim = query.shape
         dtype = query.dtype
@@ -328,12 +330,11 @@ class InfLLM(MemoryMethod):
             query_pre = context.pre_rope(call, query) if rope is not None else query
             query_global = self._rotate_by(context, query_pre, self.window)
             query_valid = torch.ones(batch, q_len, dtype=torch.bool, device=query.device)
-            if segment_mask is not None and segment_mask.shape[1] == q_len:  # the segment's own call (not decoding)
-                query_valid = segment_mask.bool().to(query.device)
+            if segment is not None and segment.mask.shape[1] == q_len:  # the segment's own call (not decoding)
+                query_valid = segment.mask.bool().to(query.device)
             matched = None
             if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
-                tokens = None if segment_ids is None or segment_mask is None else (segment_ids, segment_mask)
-                matched = self._matched(layer, state, context, query_pre, query_valid, tokens)
+                matched = self._matched(layer, state, context, query_pre, query_valid, segment)
             kept = self._kept(layer, state, context, q_len) if self.config.keep_question_blocks else None
             chosen = self.select_blocks(layer, state, query_global, query_valid, matched, kept)
             if self.config.keep_question_blocks and q_len >= self.config.match_queries and chosen is not None:
@@ -488,21 +489,21 @@ class InfLLM(MemoryMethod):
         context: AttentionContext,
         query_pre: torch.Tensor,
         query_valid: torch.Tensor,
-        tokens: tuple[torch.Tensor, torch.Tensor] | None,
+        segment: Segment | None,
     ) -> torch.Tensor | None:
         """The question-aware blocks of this call: ranked afresh in `match_layer` when the call has at least
         `match_queries` queries (a chunk ending in the question), else those of the last such call (the open
         segment's first call, then the last closed segment's, kept in the state): a decoding step's single query is
-        not the question. Later layers of the call read the same blocks. `tokens`: the segment's ids and mask, which
-        `match_score="tokens"` ranks by."""
+        not the question. Later layers of the call read the same blocks. `match_score="tokens"` ranks by `segment`'s
+        ids."""
         if layer == self.config.match_layer:
             if query_pre.shape[2] >= self.config.match_queries or (
                 MATCH_NOTE not in context.notes and "match" not in state
             ):
                 if self.config.match_score == "tokens":
-                    if tokens is None:
+                    if segment is None:
                         raise ValueError("match_score='tokens' ranks blocks by the segment's token ids; none given.")
-                    context.notes[MATCH_NOTE] = self.match_tokens(state, *tokens)
+                    context.notes[MATCH_NOTE] = self.match_tokens(state, segment.ids, segment.mask)
                 else:
                     context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
             elif MATCH_NOTE not in context.notes:
