@@ -293,6 +293,33 @@ def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
         wrap(backbone(), match_score="tokens")
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_short_question_after_the_document_is_matched_by_its_words_and_those_before_it(keep):
+    """A question asked from the document's state (`generate(memory_state=...)`, `ha.ask`) shorter than
+    `match_queries` ranks the blocks afresh with `match_score="tokens"`: by its words and the last ones read before
+    it, not by the document's last chunk's; its decoding steps keep them."""
+    model = wrap(backbone(), match_blocks=1, match_queries=4, match_score="tokens", keep_question_blocks=keep)
+    a, b, c = 91, 92, 93  # rare words (the text is tokens 0-79, and 80 in every block: it weighs nothing)
+    ids = random_ids(1, 288, seed=3) % 80
+    ids[0, 8:] = torch.where(torch.arange(280) % 8 == 0, 80, ids[0, 8:])
+    ids[0, 100:102] = torch.tensor([a, c])  # block 11
+    ids[0, 150:152] = torch.tensor([b, c])  # block 17
+    ids[0, 195] = a  # block 23
+    ids[0, -4:] = torch.tensor([b, 80, c, 80])  # the document ends in words of block 17
+    with torch.no_grad():
+        _, state = model.step(ids)
+    assert state.tensors["match"].tolist() == [[17, 18]]  # the document's last chunk: b and c
+    model.memory.trace = {}
+    question = torch.tensor([[a, 80]])  # with the words before it (c, 80): a and c, block 11's
+    kwargs = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    model.generate(question, attention_mask=torch.ones_like(question), memory_state=state, **kwargs)
+    for calls in model.memory.trace.values():
+        asked, *decoding = calls
+        assert asked["end"] == 290 and [call["end"] for call in decoding] == [291, 292]
+        for call in (asked, *decoding):
+            assert {11, 12} <= set(call["selected"][0]) and not {17, 18} <= set(call["selected"][0])
+
+
 @pytest.mark.parametrize("match_score", ["attention", "tokens"])
 def test_decoding_steps_keep_the_blocks_the_question_matched(match_score):
     model = wrap(backbone(), match_blocks=2, match_queries=4, keep_question_blocks=False, match_score=match_score)

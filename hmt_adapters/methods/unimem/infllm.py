@@ -335,9 +335,9 @@ class InfLLM(MemoryMethod):
             matched = None
             if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
                 matched = self._matched(layer, state, context, query_pre, query_valid, segment)
-            kept = self._kept(layer, state, context, q_len) if self.config.keep_question_blocks else None
+            kept = self._kept(layer, state, context, q_len, segment) if self.config.keep_question_blocks else None
             chosen = self.select_blocks(layer, state, query_global, query_valid, matched, kept)
-            if self.config.keep_question_blocks and q_len >= self.config.match_queries and chosen is not None:
+            if self.config.keep_question_blocks and chosen is not None and self._question_call(q_len, segment):
                 context.notes[f"keep.{layer}"] = chosen  # this chunk ends in the question: its decoding keeps these
             if kept is not None and self.config.block_positions == "window":
                 kept_part = self._kept_part(layer, state, kept, query.device, dtype, heads)
@@ -491,30 +491,46 @@ class InfLLM(MemoryMethod):
         query_valid: torch.Tensor,
         segment: Segment | None,
     ) -> torch.Tensor | None:
-        """The question-aware blocks of this call: ranked afresh in `match_layer` when the call has at least
-        `match_queries` queries (a chunk ending in the question), else those of the last such call (the open
-        segment's first call, then the last closed segment's, kept in the state): a decoding step's single query is
-        not the question. Later layers of the call read the same blocks. `match_score="tokens"` ranks by `segment`'s
-        ids."""
+        """The question-aware blocks of this call: ranked afresh in `match_layer` on a question call
+        (`_question_call`), else those of the last one (the open segment's first call, then the last closed
+        segment's, kept in the state). Later layers of the call read the same blocks. `match_score="tokens"` ranks
+        by the ids of `segment` and of the tail before it (the last `match_queries` real ones)."""
         if layer == self.config.match_layer:
-            if query_pre.shape[2] >= self.config.match_queries or (
-                MATCH_NOTE not in context.notes and "match" not in state
-            ):
+            question = self._question_call(query_pre.shape[2], segment)
+            if question or (MATCH_NOTE not in context.notes and "match" not in state):  # or nothing to reuse
                 if self.config.match_score == "tokens":
-                    if segment is None:
-                        raise ValueError("match_score='tokens' ranks blocks by the segment's token ids; none given.")
-                    context.notes[MATCH_NOTE] = self.match_tokens(state, segment.ids, segment.mask)
+                    assert segment is not None  # `_question_call` raised without one
+                    ids, mask = segment.ids, segment.mask.bool()
+                    if "tail.ids" in state:  # the question's words may be in the text just before this call
+                        ids = torch.cat([state["tail.ids"].to(ids.device), ids], dim=1)
+                        mask = torch.cat([state["tail.valid"].to(mask.device), mask], dim=1)
+                    context.notes[MATCH_NOTE] = self.match_tokens(state, ids, mask)
                 else:
                     context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
             elif MATCH_NOTE not in context.notes:
                 context.notes[MATCH_NOTE] = state["match"]
         return context.notes.get(MATCH_NOTE)
 
-    def _kept(self, layer: int, state: State, context: AttentionContext, q_len: int) -> torch.Tensor | None:
-        """With `keep_question_blocks`, a call of fewer than `match_queries` queries (a decoding step) reads the
-        blocks the last longer call of this layer retrieved (the chunk that ended in the question: this open
-        segment's first call, else the last closed segment's, kept in the state) besides its own top-k."""
-        if q_len >= self.config.match_queries:
+    def _question_call(self, q_len: int, segment: Segment | None) -> bool:
+        """Whether this call is the question's: it ranks the question-aware blocks afresh and keeps what it
+        retrieved for the calls after it (`match_blocks`, `keep_question_blocks`); the others are decoding steps,
+        which reuse those of the last question call. `match_score="attention"`: a call of at least `match_queries`
+        queries (a decoding step's query is not the question). `"tokens"`: a segment's own call of more than one
+        token (a question asked after the document is one, however short: its words and those read just before it
+        are the question; a decoding step that opens a segment is one token)."""
+        if self.config.match_score == "tokens":
+            if segment is None:
+                raise ValueError("match_score='tokens' ranks blocks by the segment's token ids; none given.")
+            return segment.mask.shape[1] == q_len > 1
+        return q_len >= self.config.match_queries
+
+    def _kept(
+        self, layer: int, state: State, context: AttentionContext, q_len: int, segment: Segment | None
+    ) -> torch.Tensor | None:
+        """With `keep_question_blocks`, a decoding step (not a `_question_call`) reads the blocks the last question
+        call of this layer retrieved (this open segment's first call, else the last closed segment's, kept in the
+        state) besides its own top-k."""
+        if self._question_call(q_len, segment):
             return None
         return context.notes.get(f"keep.{layer}", state.get(f"keep.{layer}"))
 

@@ -73,14 +73,16 @@ class InfLLMConfig(MemoryConfig):
         match_score (`str`, defaults to `"attention"`):
             How the `match_blocks` are ranked. `"attention"`: a block's best single key in `match_layer` against
             the mean of the chunk's last `match_queries` queries (above). `"tokens"`: the words the question and
-            a block share: the distinct token ids of the chunk's last `match_queries` tokens, each weighted by its
+            a block share: the distinct token ids of the last `match_queries` tokens read, each weighted by its
             rarity among the stored blocks (BM25's idf), summed over those a block holds; each matched block is
             read with the block after it (a needle cut at a block boundary keeps its answer there), so
             `2 * match_blocks` blocks. Exact where layer 0's keys are only close to token identity
             (docs/infllm.md, "Question-aware blocks"). Stores one token id per stored token.
         match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query; a call
             with fewer queries (a decoding step) keeps the blocks of the last call with more (`match_blocks`,
-            `keep_question_blocks`).
+            `keep_question_blocks`). With `match_score="tokens"`: the question's length in tokens, the call's and
+            those read before it; every segment's own call of more than one token ranks afresh (a question asked
+            from a document's `memory_state`, however short), decoding steps keep its blocks.
         keep_question_blocks (`bool`, defaults to `True`):
             Beyond InfLLM: each decoding step reads, besides its own top-k (InfLLM ranks blocks anew for every
             generated token), the blocks the chunk that ended in the question retrieved in the same layer, so an
