@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,11 +80,19 @@ def interleaved_speed(runs: dict[str, Callable[[], int]], rounds: int = 5) -> di
     return interleaved_medians({name: rate(fn) for name, fn in runs.items()}, rounds)
 
 
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch's CPU SDPA kernel as its CUDA ones are counted (`flop_counter` has no formula for it)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
 def counted_flops(fn: Callable[[], object], attention_module: str = "self_attn") -> dict[str, int]:
-    """FLOPs of `fn()` by `torch.utils.flop_counter` (run it on an eager-attention model: sdpa on CPU is not counted):
-    total, and attention = what runs inside each `attention_module` minus its projections (scores, weighted values,
-    memory reading). Counting by module, not by op: linear layers on concatenated inputs also dispatch to `bmm`."""
-    with FlopCounterMode(display=False) as counter:
+    """FLOPs of `fn()` by `torch.utils.flop_counter` (run it on an eager-attention model, so that the backbone's own
+    attention is counted as eager computes it; SDPA calls the memory reads make themselves, e.g. a decoded token's,
+    count as the query x key rectangle): total, and attention = what runs inside each `attention_module` minus its
+    projections (scores, weighted values, memory reading). Counting by module, not by op: linear layers on
+    concatenated inputs also dispatch to `bmm`."""
+    cpu_sdpa = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as counter:
         fn()
     counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
     attention = sum(

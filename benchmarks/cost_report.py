@@ -48,6 +48,7 @@ from common import RESULTS, ROOT, counted_flops, in_fresh_process, interleaved, 
 
 DOC = ROOT / "docs" / "cost.md"
 PARTS = ("speed", "memory", "length", "decode")
+GREEDY = dict(do_sample=False, pad_token_id=0)  # decode: every row generates the same way
 # name -> LlamaConfig fields (random weights: cost does not depend on them)
 MODELS = {
     "llama4": dict(
@@ -281,7 +282,6 @@ def length(methods: list[str], device: str, rounds: int, lengths: list[int]) -> 
 def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = None) -> dict:
     model, segment, batches = setup or SETUPS[device]["decode"]
     vocab = MODELS[model]["vocab_size"]
-    greedy = dict(do_sample=False, pad_token_id=0)
     out = {
         "model": model,
         "segment": segment,
@@ -297,16 +297,32 @@ def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = N
         def rate(net, ids) -> Callable[[], float]:
             def timed(new: int) -> float:
                 return seconds(
-                    lambda: net.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **greedy), device
+                    lambda: net.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **GREEDY), device
                 )
 
             return lambda: timed(segment + 1) - timed(1)
 
         prompt = document(batch, out["prompt"], vocab, device)
-        runs = {"bare": rate(bare, document(batch, 1, vocab, device))}
+        bare_prompt = document(batch, 1, vocab, device)
+        runs = {"bare": rate(bare, bare_prompt)}
         runs.update({m: rate(nets[m], prompt) for m in methods})
-        out["batches"][str(batch)] = summary(interleaved(runs, rounds), segment * batch)
+        rows = summary(interleaved(runs, rounds), segment * batch)
+        flops = {"bare": decode_flops(backbone(model, device, "eager"), bare_prompt, segment)}
+        flops.update({m: decode_flops(wrapped(m, model, segment, device, "eager"), prompt, segment) for m in methods})
+        for name, row in rows.items():
+            row["flops_vs_bare"] = flops[name] / flops["bare"]
+            row["speed_x_flops"] = row["vs_bare"] * row["flops_vs_bare"]
+        out["batches"][str(batch)] = rows
     return out
+
+
+def decode_flops(net: torch.nn.Module, prompt: torch.Tensor, new: int) -> int:
+    """FLOPs of `new` decoded tokens after `prompt` (eager attention; the prefill cancels out as in the timing)."""
+
+    def generate(tokens: int) -> Callable[[], object]:
+        return lambda: net.generate(input_ids=prompt, max_new_tokens=tokens, min_new_tokens=tokens, **GREEDY)
+
+    return counted_flops(generate(new + 1))["total"] - counted_flops(generate(1))["total"]
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
@@ -327,6 +343,12 @@ def _label(name: str, row: dict) -> str:
 
 def _spread(row: dict) -> str:
     return f"{row['spread'][0]:.2f}-{row['spread'][1]:.2f}"
+
+
+def _decode_cells(row: dict) -> str:
+    """A decode row's cells for one batch size (rows measured before decode FLOPs were counted show `-` there)."""
+    counted = [f"{row[k]:.2f}" if k in row else "-" for k in ("flops_vs_bare", "speed_x_flops")]
+    return " | ".join([f"{row['rate']:,.1f}", f"{row['vs_bare']:.2f} ({_spread(row)})", *counted])
 
 
 def render(results: dict[str, dict]) -> str:
@@ -401,16 +423,14 @@ def render(results: dict[str, dict]) -> str:
                 "",
                 _header(data[part], data[part]["command"]) + f", {run['rounds']} rounds",
                 "",
-                "| method | " + " | ".join(f"batch {b}: tokens/s | x bare (spread)" for b in batches) + " |",
-                "|---|" + "---|---|" * len(batches),
+                "| method | "
+                + " | ".join(f"batch {b}: tokens/s | x bare (spread) | FLOPs x bare | speed x FLOPs" for b in batches)
+                + " |",
+                "|---|" + "---|---|---|---|" * len(batches),
             ]
             names = list(run["batches"][batches[0]])
             for name in names:
-                cells = " | ".join(
-                    f"{run['batches'][b][name]['rate']:,.1f} | {run['batches'][b][name]['vs_bare']:.2f} "
-                    f"({_spread(run['batches'][b][name])})"
-                    for b in batches
-                )
+                cells = " | ".join(_decode_cells(run["batches"][b][name]) for b in batches)
                 lines.append(f"| {_label(name, run['batches'][batches[0]][name])} | {cells} |")
             lines.append("")
     return "\n".join(lines)

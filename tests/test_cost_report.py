@@ -1,4 +1,5 @@
-"""benchmarks/cost_report.py: re-measuring some methods keeps the other rows of every part (docs/cost.md)."""
+"""benchmarks/cost_report.py: re-measuring some methods keeps the other rows of every part; FLOPs count what the
+decode reads run (docs/cost.md)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import copy
 import sys
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from cost_report import keep_rows  # noqa: E402
+from common import counted_flops  # noqa: E402
+from cost_report import decode_flops, keep_rows  # noqa: E402
+from tiny import tiny_backbone  # noqa: E402
 
 
 def rows(*names: str) -> dict:
@@ -61,3 +67,24 @@ def test_nothing_is_kept_from_another_setup():
     assert list(new["llama4/128"]["rows"]) == ["bare"]
     keep_rows(new, {}, "abc, 2026-11-25")  # no earlier part: nothing to keep
     assert list(new["llama4/128"]["rows"]) == ["bare"]
+
+
+def test_torch_sdpa_on_cpu_counts_its_query_by_key_rectangle():
+    """A decoded token's memory read runs torch's SDPA itself (docs/cost.md): counted like CUDA's kernels, with GQA."""
+    query, key = torch.randn(2, 8, 3, 16), torch.randn(2, 4, 40, 16)
+    visible = torch.ones(2, 1, 3, 40, dtype=torch.bool)
+    flops = counted_flops(lambda: F.scaled_dot_product_attention(query, key, key, attn_mask=visible, enable_gqa=True))
+    assert flops["total"] == 2 * (2 * 2 * 8 * 3 * 40 * 16)  # scores and weighted values
+
+
+def test_decode_flops_are_the_new_tokens_alone():
+    """The prefill cancels out: a longer prompt adds only the attention over its keys to the decoded tokens."""
+    net = tiny_backbone("llama").eval()
+    net.set_attn_implementation("eager")
+    short = decode_flops(net, torch.ones(1, 4, dtype=torch.long), 3)
+    long = decode_flops(net, torch.ones(1, 20, dtype=torch.long), 3)
+    config = net.config
+    dim = config.hidden_size // config.num_attention_heads
+    extra_keys = 16 * 3  # each of the 3 decoded tokens (the first comes with the prefill) reads 16 more keys
+    per_key = 2 * 2 * config.num_attention_heads * dim * config.num_hidden_layers  # scores and values, every layer
+    assert long - short == extra_keys * per_key
