@@ -243,10 +243,10 @@ class InfLLM(MemoryMethod):
         """`[B, 2m]` the `match_blocks` blocks that hold the most of the question's words, each followed by the
         block after it (where a needle cut at a block boundary keeps its answer: the words asked about come first;
         the last block's successor is in the local window, so it repeats the block). The question's words: the
-        distinct tokens among the segment's last `match_queries` real ones, each weighted by its rarity in the
-        stored blocks (BM25's idf: a word in every block counts for nothing); a block scores the weights of those it
-        holds (docs/infllm.md, "Question-aware blocks"). Token ids only: a few integer comparisons per stored
-        token."""
+        distinct tokens among the last `match_queries` real ones of `ids` (the tail's, then the call's), each
+        weighted by its rarity in the stored blocks (BM25's idf: a word in every block counts for nothing); a block
+        scores the weights of those it holds (docs/infllm.md, "Question-aware blocks"). Token ids only: a few
+        integer comparisons per stored token."""
         count = state[f"repr.{self.layers[0]}"].shape[2]
         blocks = torch.stack([state[f"block.ids.{b}"] for b in range(count)], dim=1)  # [B, N, size]
         real = torch.stack([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(blocks.device)
