@@ -89,9 +89,9 @@ def infllm_rows() -> list[dict]:
     return load_records(str(RESULTS / "infllm.jsonl"))
 
 
-# The README's readers: the bare model, the defaults and the recipe it gives for questions about prose; every other
-# variant is in docs/infllm.md's tables.
-HEADLINE_READERS = ("backbone", "infllm", "infllm-plain-tokens-2k")
+# The README's readers: the bare model, the defaults and the recipes it gives for prose and look-alike needles; every
+# other variant is in docs/infllm.md's tables.
+HEADLINE_READERS = ("backbone", "infllm", "infllm-plain-tokens-2k", "infllm-matched-only-2k")
 
 
 def infllm_headline() -> str | None:
