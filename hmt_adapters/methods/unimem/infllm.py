@@ -332,12 +332,14 @@ class InfLLM(MemoryMethod):
             query_valid = torch.ones(batch, q_len, dtype=torch.bool, device=query.device)
             if segment is not None and segment.mask.shape[1] == q_len:  # the segment's own call (not decoding)
                 query_valid = segment.mask.bool().to(query.device)
-            matched = None
+            matched, kept = None, None
+            question = self._question_call(q_len, segment)  # else a decoding step: it reuses the question's blocks
             if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
-                matched = self._matched(layer, state, context, query_pre, query_valid, segment)
-            kept = self._kept(layer, state, context, q_len, segment) if self.config.keep_question_blocks else None
+                matched = self._matched(layer, state, context, query_pre, query_valid, segment, question)
+            if self.config.keep_question_blocks and not question:
+                kept = context.notes.get(f"keep.{layer}", state.get(f"keep.{layer}"))  # see `keep_question_blocks`
             chosen = self.select_blocks(layer, state, query_global, query_valid, matched, kept)
-            if self.config.keep_question_blocks and chosen is not None and self._question_call(q_len, segment):
+            if self.config.keep_question_blocks and chosen is not None and question:
                 context.notes[f"keep.{layer}"] = chosen  # this chunk ends in the question: its decoding keeps these
             if kept is not None and self.config.block_positions == "window":
                 kept_part = self._kept_part(layer, state, kept, query.device, dtype, heads)
@@ -490,13 +492,13 @@ class InfLLM(MemoryMethod):
         query_pre: torch.Tensor,
         query_valid: torch.Tensor,
         segment: Segment | None,
+        question: bool,
     ) -> torch.Tensor | None:
         """The question-aware blocks of this call: ranked afresh in `match_layer` on a question call
         (`_question_call`), else those of the last one (the open segment's first call, then the last closed
         segment's, kept in the state). Later layers of the call read the same blocks. `match_score="tokens"` ranks
         by the ids of `segment` and of the tail before it (the last `match_queries` real ones)."""
         if layer == self.config.match_layer:
-            question = self._question_call(query_pre.shape[2], segment)
             if question or (MATCH_NOTE not in context.notes and "match" not in state):  # or nothing to reuse
                 if self.config.match_score == "tokens":
                     assert segment is not None  # `_question_call` raised without one
@@ -514,25 +516,17 @@ class InfLLM(MemoryMethod):
     def _question_call(self, q_len: int, segment: Segment | None) -> bool:
         """Whether this call is the question's: it ranks the question-aware blocks afresh and keeps what it
         retrieved for the calls after it (`match_blocks`, `keep_question_blocks`); the others are decoding steps,
-        which reuse those of the last question call. `match_score="attention"`: a call of at least `match_queries`
-        queries (a decoding step's query is not the question). `"tokens"`: a segment's own call of more than one
-        token (a question asked after the document is one, however short: its words and those read just before it
-        are the question; a decoding step that opens a segment is one token)."""
+        which reuse those of the last question call (this open segment's first call, else the last closed
+        segment's, kept in the state) and, with `keep_question_blocks`, read its retrieved blocks besides their own
+        top-k. `match_score="attention"`: a call of at least `match_queries` queries (a decoding step's query is
+        not the question). `"tokens"`: a segment's own call of more than one token (a question asked after the
+        document is one, however short: its words and those read just before it are the question; a decoding step
+        that opens a segment is one token)."""
         if self.config.match_score == "tokens":
             if segment is None:
                 raise ValueError("match_score='tokens' ranks blocks by the segment's token ids; none given.")
             return segment.mask.shape[1] == q_len > 1
         return q_len >= self.config.match_queries
-
-    def _kept(
-        self, layer: int, state: State, context: AttentionContext, q_len: int, segment: Segment | None
-    ) -> torch.Tensor | None:
-        """With `keep_question_blocks`, a decoding step (not a `_question_call`) reads the blocks the last question
-        call of this layer retrieved (this open segment's first call, else the last closed segment's, kept in the
-        state) besides its own top-k."""
-        if self._question_call(q_len, segment):
-            return None
-        return context.notes.get(f"keep.{layer}", state.get(f"keep.{layer}"))
 
     def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
         """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
@@ -584,7 +578,7 @@ class InfLLM(MemoryMethod):
             out[f"tail.score.{i}"] = torch.cat([score, received_own.detach().float()], dim=2)
         if MATCH_NOTE in context.notes:  # the blocks this segment matched stay the decoding steps' (see `_matched`)
             out["match"] = context.notes[MATCH_NOTE]
-        for i in self.layers:  # and the blocks it retrieved, with `keep_question_blocks` (see `_kept`)
+        for i in self.layers:  # and the blocks it retrieved, with `keep_question_blocks` (see `_question_call`)
             if f"keep.{i}" in context.notes:
                 out[f"keep.{i}"] = context.notes[f"keep.{i}"]
         stored = self.stored(out)
