@@ -292,13 +292,13 @@ def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = N
     }
     bare = backbone(model, device)
     nets = {m: wrapped(m, model, segment, device) for m in methods}
+    eager = {"bare": backbone(model, device, "eager")}  # the FLOP counts' copies (`counted_flops`)
+    eager.update({m: wrapped(m, model, segment, device, "eager") for m in methods})
     for batch in batches:
 
         def rate(net, ids) -> Callable[[], float]:
             def timed(new: int) -> float:
-                return seconds(
-                    lambda: net.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, **GREEDY), device
-                )
+                return seconds(generating(net, ids, new), device)
 
             return lambda: timed(segment + 1) - timed(1)
 
@@ -307,8 +307,8 @@ def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = N
         runs = {"bare": rate(bare, bare_prompt)}
         runs.update({m: rate(nets[m], prompt) for m in methods})
         rows = summary(interleaved(runs, rounds), segment * batch)
-        flops = {"bare": decode_flops(backbone(model, device, "eager"), bare_prompt, segment)}
-        flops.update({m: decode_flops(wrapped(m, model, segment, device, "eager"), prompt, segment) for m in methods})
+        prompts = {name: bare_prompt if name == "bare" else prompt for name in eager}
+        flops = {name: decode_flops(net, prompts[name], segment) for name, net in eager.items()}
         for name, row in rows.items():
             row["flops_vs_bare"] = flops[name] / flops["bare"]
             row["speed_x_flops"] = row["vs_bare"] * row["flops_vs_bare"]
@@ -316,13 +316,15 @@ def decode(methods: list[str], device: str, rounds: int, setup: tuple | None = N
     return out
 
 
+def generating(net: torch.nn.Module, prompt: torch.Tensor, tokens: int) -> Callable[[], object]:
+    """`net.generate` of exactly `tokens` new tokens after `prompt`, as every decode row runs it (timed, counted)."""
+    return lambda: net.generate(input_ids=prompt, max_new_tokens=tokens, min_new_tokens=tokens, **GREEDY)
+
+
 def decode_flops(net: torch.nn.Module, prompt: torch.Tensor, new: int) -> int:
     """FLOPs of `new` decoded tokens after `prompt` (eager attention; the prefill cancels out as in the timing)."""
-
-    def generate(tokens: int) -> Callable[[], object]:
-        return lambda: net.generate(input_ids=prompt, max_new_tokens=tokens, min_new_tokens=tokens, **GREEDY)
-
-    return counted_flops(generate(new + 1))["total"] - counted_flops(generate(1))["total"]
+    decoded, prefill = (counted_flops(generating(net, prompt, n))["total"] for n in (new + 1, 1))
+    return decoded - prefill
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
