@@ -293,6 +293,58 @@ def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
         wrap(backbone(), match_score="tokens")
 
 
+def test_token_match_in_view_reads_no_block_for_words_the_window_holds():
+    """`match_in_view`: the question's words ranked over the stored blocks and the text the call reads locally. A
+    passage in view that holds them outranks a look-alike in memory, and no block is read for it (on `niah_multikey`
+    the asked-for needle in the window lost to a stored distractor sharing its template); text that leaves the
+    window when the answer's segment opens does not count. A matched block whose successor is not stored is read
+    alone (with `topk_blocks=0`: no block of InfLLM's ranking fills the slot). Off, the old ranking, unchanged."""
+    model = wrap(backbone(), match_blocks=1, match_queries=4, match_score="tokens", topk_blocks=0, match_in_view=True)
+    method = model.memory
+    ids = random_ids(1, 300, seed=2) % 80
+    ids[0, 100:102] = torch.tensor([91, 92])  # block 11: a look-alike, two of the question's words
+    ids[0, -4:] = torch.tensor([80, 91, 92, 93])  # the question
+
+    def read(ids):
+        with torch.no_grad():
+            _, state = model.step(ids[:, :288])
+        tensors = dict(state.tensors)
+        local = torch.cat([tensors["tail.ids"], ids[:, 288:]], dim=1)
+        matched = method.match_tokens(tensors, local, torch.ones_like(local, dtype=torch.bool))
+        model.memory.trace = {}
+        with torch.no_grad():
+            model.step(ids)
+        selected = {tuple(next(c for c in calls if c["end"] == 300)["selected"][0]) for calls in method.trace.values()}
+        return tensors, matched.tolist(), selected
+
+    tensors, matched, selected = read(ids)
+    assert matched == [[11, 12]] and selected == {(11, 12)}  # the look-alike, nothing better in view
+    assert tensors["tail.ids"].shape[1] >= 64  # the window (tokens 224-287) is the tail
+    in_view = ids.clone()
+    in_view[0, 270:273] = torch.tensor([91, 92, 93])  # all three words in the window
+    _, matched, selected = read(in_view)
+    assert matched == [[-1, -1]] and selected == {()}
+    edge, start = ids.clone(), 288 - tensors["tail.ids"].shape[1]
+    edge[0, start + 1 : start + 4] = torch.tensor([91, 92, 93])  # in view now, not once the answer's segment opens
+    assert read(edge)[2] == {(11, 12)}
+    last = tensors["repr.0"].shape[2] - 1  # the last stored block: its successor is in the tail
+    at_end = ids.clone()
+    at_end[0, 8 + 8 * last + 2 : 8 + 8 * last + 5] = torch.tensor([91, 92, 93])
+    _, matched, selected = read(at_end)
+    assert matched == [[last, -1]] and selected == {(last,)}
+    model.memory_config.match_in_view = False  # the stored blocks alone: the look-alike, and the last block twice
+    assert read(in_view)[1:] == ([[11, 12]], {(11, 12)})
+    _, matched, selected = read(at_end)
+    assert matched == [[last, last]] and all(last in s and len(s) == 2 for s in selected)  # a ranked block too
+    with pytest.raises(ValueError, match="`match_in_view`.*match_score='tokens'.*'attention'"):
+        wrap(backbone(), match_blocks=1, match_in_view=True)
+    keys, values, valid = method.gather_global(1, tensors, torch.tensor([[[-1, 3]]]), torch.device("cpu"))
+    sinks, size = tensors["sink.valid"].shape[1], method.block
+    assert not valid[0, 0, sinks : sinks + size].any()
+    assert valid[0, 0, sinks + size :].equal(tensors["block.valid.3"][0])
+    torch.testing.assert_close(keys[:, :, sinks + size :], tensors["block.k.1.3"])
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_a_short_question_after_the_document_is_matched_by_its_words_and_those_before_it(keep):
     """A question asked from the document's state (`generate(memory_state=...)`, `ha.ask`) shorter than

@@ -56,6 +56,12 @@ def num_blocks(state: State, layer: int) -> int:
     return state[f"repr.{layer}"].shape[2]
 
 
+def _held(indices: torch.Tensor, count: int) -> torch.Tensor:
+    """`[..., count]` bool: which of `count` blocks `indices` `[..., k]` names (-1 names none)."""
+    flags = torch.zeros(*indices.shape[:-1], count + 1, device=indices.device)
+    return flags.scatter_(-1, indices.where(indices >= 0, count), 1.0)[..., :count] > 0
+
+
 class InfLLM(MemoryMethod):
     """Sinks + local window + top-k retrieved blocks per chunk and layer, one joint softmax; no parameters."""
 
@@ -190,12 +196,14 @@ class InfLLM(MemoryMethod):
     ) -> torch.Tensor | None:
         """Indices `[B, Hs, k]` (Hs = 1 per layer or Hkv per key/value head) of the blocks whose representative keys
         best match the chunk's mean query (InfLLM §3.2; `calc_block_topk`), or None without blocks. With `matched`
-        `[B, m]` (question-aware blocks, `match_blocks`), those come first and the ranking fills the other k. With
+        `[B, m]` (question-aware blocks, `match_blocks`; -1: none), those come first and the ranking fills the other
+        k; a row with fewer matched entries >= 0 reads fewer, its unused slots -1 (no keys, `gather_global`). With
         `kept` `[B, 1|Hs, k']` (a decoding step's question blocks, `keep_question_blocks`), the k come from the
         other blocks: the step reads `kept` besides them."""
         reps = state[f"repr.{layer}"]  # [B, Hq, N, D]
         count = reps.shape[2]
-        available = count - (0 if kept is None else kept.shape[-1])
+        excluded = None if kept is None else _held(kept, count)  # [B, 1|Hs, N]
+        available = count - (0 if excluded is None else int(excluded.sum(-1).max()))
         k = min(self.config.topk_blocks + (0 if matched is None else matched.shape[1]), available)
         if k <= 0:
             return None
@@ -207,11 +215,16 @@ class InfLLM(MemoryMethod):
         else:
             kv = self.backbone.num_kv_heads
             scores = scores.view(scores.shape[0], kv, -1, count).sum(2)
-        if matched is not None:  # matched blocks rank first (each once), then InfLLM's ranking
-            scores = scores.scatter(-1, matched[:, None, :].expand(-1, scores.shape[1], -1), float("inf"))
-        if kept is not None:  # the question's blocks, read by a decoding step besides its own
-            scores = scores.scatter(-1, kept.expand(-1, scores.shape[1], -1), float("-inf"))
-        return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+        if excluded is not None:  # the question's blocks, read by a decoding step besides its own
+            scores = scores.masked_fill(excluded, float("-inf"))
+        if matched is None:
+            return scores.topk(k, dim=-1).indices.sort(dim=-1).values
+        hits = _held(matched[:, None], count)  # [B, 1, N]: matched blocks rank first (each once)
+        ranked = scores.masked_fill(hits, float("inf")).topk(k, dim=-1).indices  # best first
+        # k = topk_blocks + the matched entries that name a block (a repeated one: the next of InfLLM's ranking)
+        reads = (self.config.topk_blocks + (matched >= 0).sum(-1))[:, None, None].clamp_max(k)  # [B, 1, 1]
+        unused = torch.arange(k, device=ranked.device) >= reads
+        return ranked.masked_fill(unused, -1).sort(dim=-1).values
 
     def match_blocks(
         self, layer: int, state: State, query_pre: torch.Tensor, query_valid: torch.Tensor
@@ -239,28 +252,49 @@ class InfLLM(MemoryMethod):
         count = real.long().cumsum(1)
         return real & (count > count[:, -1:] - self.config.match_queries)
 
-    def match_tokens(self, state: State, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def match_tokens(self, state: State, ids: torch.Tensor, mask: torch.Tensor, view_from: int = 0) -> torch.Tensor:
         """`[B, 2m]` the `match_blocks` blocks that hold the most of the question's words, each followed by the
-        block after it (where a needle cut at a block boundary keeps its answer: the words asked about come first;
-        the last block's successor is in the local window, so it repeats the block). The question's words: the
-        distinct tokens among the last `match_queries` real ones of `ids` (the tail's, then the call's), each
-        weighted by its rarity in the stored blocks (BM25's idf: a word in every block counts for nothing); a block
-        scores the weights of those it holds (docs/infllm.md, "Question-aware blocks"). Token ids only: a few
-        integer comparisons per stored token."""
-        count = state[f"repr.{self.layers[0]}"].shape[2]
+        block after it (where a needle cut at a block boundary keeps its answer: the words asked about come first).
+        The question's words: the distinct tokens among the last `match_queries` real ones of `ids` (the tail's,
+        then the call's), each weighted by its rarity (BM25's idf: a word in every block counts for nothing); a
+        block scores the weights of those it holds (docs/infllm.md, "Question-aware blocks"). Token ids only: a few
+        integer comparisons per stored token.
+
+        Without `match_in_view`, the stored blocks are ranked alone and the last block's successor (in the local
+        window) repeats it. With it, the text the call reads locally and its answer will still read (the rest of
+        `ids` from `view_from`, in block-sized slices) is ranked with them: a passage in view that holds the
+        question's words outranks a look-alike in memory, and no block is read for what is in view (-1 there, and
+        for a successor not stored or already named)."""
+        count, size = state[f"repr.{self.layers[0]}"].shape[2], self.block
         blocks = torch.stack([state[f"block.ids.{b}"] for b in range(count)], dim=1)  # [B, N, size]
         real = torch.stack([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(blocks.device)
-        blocks = blocks.masked_fill(~real, -1)  # padding slots match nothing
+        pieces = blocks.masked_fill(~real, -1)  # padding slots match nothing
         last = self._last_real(mask)
+        if self.config.match_in_view:
+            local = mask.bool() & ~last
+            local[:, :view_from] = False
+            in_view = ids.to(blocks.device).masked_fill(~local.to(blocks.device), -1)
+            in_view = torch.nn.functional.pad(in_view, (0, -in_view.shape[1] % size), value=-1)
+            pieces = torch.cat([pieces, in_view.view(ids.shape[0], -1, size)], dim=1)  # [B, N + slices, size]
+        m = self.config.match_blocks
         picked = []
-        for row in range(blocks.shape[0]):
+        for row in range(pieces.shape[0]):
             question = ids[row][last[row]].unique().to(blocks.device)  # [T]
-            held = (blocks[row, :, :, None] == question).any(1)  # [N, T]: block n holds question token t
+            held = (pieces[row, :, :, None] == question).any(1)  # [P, T]: piece p holds question token t
             df = held.sum(0).float()
-            idf = torch.log1p((count - df + 0.5) / (df + 0.5)) * (df > 0)
-            picked.append((held.float() @ idf).topk(min(self.config.match_blocks, count)).indices)
-        best = torch.stack(picked)
-        return torch.stack([best, (best + 1).clamp_max(count - 1)], dim=-1).flatten(1)
+            idf = torch.log1p((len(held) - df + 0.5) / (df + 0.5)) * (df > 0)
+            best = (held.float() @ idf).topk(min(m, len(held))).indices
+            picked.append(
+                torch.nn.functional.pad(best, (0, m - len(best)), value=len(held)) if len(held) > count else best
+            )
+        best = torch.stack(picked)  # [B, m] (in view: [B, min(m, N)] without it)
+        if not self.config.match_in_view:
+            return torch.stack([best, (best + 1).clamp_max(count - 1)], dim=-1).flatten(1)
+        pairs = torch.stack([best, best + 1], dim=-1).flatten(1)  # in view (or past it) from `count` on
+        named = pairs.tolist()
+        for row in named:  # each block once: a later repeat names none
+            row[:] = [j if j < count and j not in row[:i] else -1 for i, j in enumerate(row)]
+        return torch.tensor(named, dtype=pairs.dtype, device=pairs.device)
 
     def gather_global(
         self, layer: int, state: State, chosen: torch.Tensor | None, device: torch.device, sinks: bool = True
@@ -281,9 +315,12 @@ class InfLLM(MemoryMethod):
         sinks_m = sinks_m.expand(batch, -1, -1)
         _, kv_heads, n_sinks, dim = sinks_k.shape
         width = n_sinks + count * self.block
-        blocks = {
-            j: self._block_kv(state, layer, j, device, sinks_k.dtype) for j in sorted(set(chosen.flatten().tolist()))
-        }
+        named = sorted(set(chosen.flatten().tolist()) - {-1})
+        blocks = {j: self._block_kv(state, layer, j, device, sinks_k.dtype) for j in named}
+        flags = {j: state[f"block.valid.{j}"].to(device) for j in named}
+        if -1 in chosen:  # an unused slot (`select_blocks`): no keys
+            blank = torch.zeros(batch, kv_heads, self.block, dim, device=device, dtype=sinks_k.dtype)
+            blocks[-1], flags[-1] = (blank, blank), torch.zeros(batch, self.block, device=device, dtype=torch.bool)
         keys = torch.empty(batch, kv_heads, width, dim, device=device, dtype=sinks_k.dtype)
         values = torch.empty_like(keys)
         valid = torch.empty(batch, heads_sel, width, device=device, dtype=torch.bool)
@@ -293,8 +330,7 @@ class InfLLM(MemoryMethod):
                 heads = slice(None) if heads_sel == 1 else h  # one choice for every head, or head h's own
                 torch.cat([sinks_k[b, heads], *(blocks[j][0][b, heads] for j in idx)], dim=-2, out=keys[b, heads])
                 torch.cat([sinks_v[b, heads], *(blocks[j][1][b, heads] for j in idx)], dim=-2, out=values[b, heads])
-                block_valid = (state[f"block.valid.{j}"][b].to(device) for j in idx)
-                torch.cat([sinks_m[b, 0], *block_valid], out=valid[b, h])
+                torch.cat([sinks_m[b, 0], *(flags[j][b] for j in idx)], out=valid[b, h])
         return keys, values, valid
 
     def read(
@@ -399,7 +435,9 @@ class InfLLM(MemoryMethod):
         if not parts:
             return []
         selections = max(t.shape[0] for t in parts)
-        return [sorted({j for t in parts for j in t[min(h, t.shape[0] - 1)].tolist()}) for h in range(selections)]
+        return [
+            sorted({j for t in parts for j in t[min(h, t.shape[0] - 1)].tolist()} - {-1}) for h in range(selections)
+        ]
 
     def _kept_part(
         self, layer: int, state: State, kept: torch.Tensor, device: torch.device, dtype: torch.dtype, heads: int
@@ -503,10 +541,14 @@ class InfLLM(MemoryMethod):
                 if self.config.match_score == "tokens":
                     assert segment is not None  # `_question_call` raised without one
                     ids, mask = segment.ids, segment.mask.bool()
+                    view_from = 0  # see `match_in_view`
                     if "tail.ids" in state:  # the question's words may be in the text just before this call
                         ids = torch.cat([state["tail.ids"].to(ids.device), ids], dim=1)
                         mask = torch.cat([state["tail.valid"].to(mask.device), mask], dim=1)
-                    context.notes[MATCH_NOTE] = self.match_tokens(state, ids, mask)
+                        # what the answer's decoding still reads once the next segment opens (its window starts
+                        # at most W before it): the tail's first tokens leave it
+                        view_from = max(0, state["tail.ids"].shape[1] + self.config.segment_length - self.window)
+                    context.notes[MATCH_NOTE] = self.match_tokens(state, ids, mask, view_from)
                 else:
                     context.notes[MATCH_NOTE] = self.match_blocks(layer, state, query_pre, query_valid)
             elif MATCH_NOTE not in context.notes:

@@ -78,6 +78,12 @@ class InfLLMConfig(MemoryConfig):
             read with the block after it (a needle cut at a block boundary keeps its answer there), so
             `2 * match_blocks` blocks. Exact where layer 0's keys are only close to token identity
             (docs/infllm.md, "Question-aware blocks"). Stores one token id per stored token.
+        match_in_view (`bool`, defaults to `False`):
+            With `match_score="tokens"`: rank the text the call reads locally (and its answer will still read once
+            the next segment opens) with the stored blocks, so no block is read for words the window already holds:
+            a look-alike in memory then does not come in beside the passage asked about (on `niah_multikey` the
+            asked-for needle in the window lost to a stored distractor with its template). Off: the stored blocks
+            are ranked alone (the measured recipes; docs/infllm.md, "Question-aware blocks").
         match_queries (`int`, defaults to 32): The chunk's last queries averaged into the matching query; a call
             with fewer queries (a decoding step) keeps the blocks of the last call with more (`match_blocks`,
             `keep_question_blocks`). With `match_score="tokens"`: the question's length in tokens, the call's and
@@ -152,6 +158,9 @@ class InfLLMConfig(MemoryConfig):
         default=True, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
+    match_in_view: bool = field(
+        default=False, metadata={"help": "Token match also ranks the text in view.", "absent": False}
+    )
     match_score: str = field(
         default="attention",
         metadata={"help": "Ranking of the matched blocks.", "choices": MATCH_SCORES, "absent": "attention"},
@@ -188,6 +197,11 @@ class InfLLMConfig(MemoryConfig):
             raise ValueError(
                 f"`store_disk` keeps blocks in CPU memory-mapped files, but `store_device` is {self.store_device!r}: "
                 "use store_device='cpu' (or None with a model on the CPU)."
+            )
+        if self.match_in_view and self.match_score != "tokens":
+            raise ValueError(
+                f"`match_in_view` ranks the text in view by its token ids, which only match_score='tokens' keeps; "
+                f"got match_score={self.match_score!r}."
             )
         if self.match_score != "attention" and not self.match_blocks:
             raise ValueError(
