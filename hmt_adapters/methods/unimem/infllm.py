@@ -58,8 +58,8 @@ def num_blocks(state: State, layer: int) -> int:
 
 def _held(indices: torch.Tensor, count: int) -> torch.Tensor:
     """`[..., count]` bool: which of `count` blocks `indices` `[..., k]` names (-1 names none)."""
-    flags = torch.zeros(*indices.shape[:-1], count + 1, device=indices.device)
-    return flags.scatter_(-1, indices.where(indices >= 0, count), 1.0)[..., :count] > 0
+    flags = torch.zeros(*indices.shape[:-1], count + 1, dtype=torch.bool, device=indices.device)
+    return flags.scatter_(-1, indices.where(indices >= 0, count), True)[..., :count]
 
 
 class InfLLM(MemoryMethod):
@@ -276,18 +276,14 @@ class InfLLM(MemoryMethod):
             in_view = ids.to(blocks.device).masked_fill(~local.to(blocks.device), -1)
             in_view = torch.nn.functional.pad(in_view, (0, -in_view.shape[1] % size), value=-1)
             pieces = torch.cat([pieces, in_view.view(ids.shape[0], -1, size)], dim=1)  # [B, N + slices, size]
-        m = self.config.match_blocks
         picked = []
         for row in range(pieces.shape[0]):
             question = ids[row][last[row]].unique().to(blocks.device)  # [T]
             held = (pieces[row, :, :, None] == question).any(1)  # [P, T]: piece p holds question token t
             df = held.sum(0).float()
             idf = torch.log1p((len(held) - df + 0.5) / (df + 0.5)) * (df > 0)
-            best = (held.float() @ idf).topk(min(m, len(held))).indices
-            picked.append(
-                torch.nn.functional.pad(best, (0, m - len(best)), value=len(held)) if len(held) > count else best
-            )
-        best = torch.stack(picked)  # [B, m] (in view: [B, min(m, N)] without it)
+            picked.append((held.float() @ idf).topk(min(self.config.match_blocks, len(held))).indices)
+        best = torch.stack(picked)  # [B, min(m, pieces)]
         if not self.config.match_in_view:
             return torch.stack([best, (best + 1).clamp_max(count - 1)], dim=-1).flatten(1)
         pairs = torch.stack([best, best + 1], dim=-1).flatten(1)  # in view (or past it) from `count` on
