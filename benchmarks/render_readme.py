@@ -305,6 +305,15 @@ CARDS = {
         "question's chunk retrieved, `keep_question_blocks`), written by "
         f'`wrap_with_memory(base, "infllm").save_pretrained`. {_BACKBONE}'
     ),
+    "smollm2-infllm-qa": (
+        "Not trained: the README's recipe for questions about a long document. InfLLM's block retrieval with a "
+        "local window of 2048 tokens and 128 sink tokens, where each 512-token chunk reads only the one past block "
+        "that holds the most of its last 32 tokens' words (and the block after it), at a fixed distance: "
+        "`match_score='tokens'`, `match_blocks=1`, `topk_blocks=0` (none of InfLLM's ranked blocks, which bring "
+        "look-alike passages in), `keep_question_blocks=False`; written by `wrap_with_memory(base, \"infllm\", "
+        "match_blocks=1, topk_blocks=0, match_score=\"tokens\", keep_question_blocks=False, "
+        f"window=2048).save_pretrained`. {_BACKBONE}"
+    ),
     "smollm2-hmt": (
         "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/smollm2_pipeline.sh`: `examples/train_hmt.py "
         f"--method hmt {_RECIPE}stage 1 without retrieval over 2 segments, stage 2 with retrieval over 8; LoRA r = 8 "
@@ -319,13 +328,13 @@ CARDS = {
 }
 
 
-def infllm_card_results() -> str | None:
-    """The block-retrieval cells measured so far (`benchmarks/infllm.py`) with the shipped configuration, for its
-    card."""
+def infllm_card_results(name: str) -> str | None:
+    """The block-retrieval cells measured so far (`benchmarks/infllm.py`) with the configuration shipped in
+    `examples/adapters/<name>`, for its card."""
     import hmt_adapters as ha
     from hmt_adapters.evaluation.records import load_records, markdown_tables
 
-    shipped = ha.MemoryConfig.from_json_file(ROOT / "examples" / "adapters" / "smollm2-infllm" / "memory_config.json")
+    shipped = ha.MemoryConfig.from_json_file(ROOT / "examples" / "adapters" / name / "memory_config.json")
     saved, absent = shipped.saved_fields(), type(shipped).absent_values()
     rows = [  # the bare model, and the memory readers that ran this very configuration (a field added after a
         # record was written has, in that record, the value the package had then: `absent_values`)
@@ -350,7 +359,7 @@ def model_cards() -> None:
     from hmt_adapters.saving.card import render_model_card
 
     for name, training in CARDS.items():
-        results = infllm_card_results() if name == "smollm2-infllm" else perplexity
+        results = infllm_card_results(name) if name.startswith("smollm2-infllm") else perplexity
         if results is None:
             print(f"model card {name}: no results yet, left as it is")
             continue

@@ -788,6 +788,24 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
     assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
 
 
+def test_the_readme_recipe_for_questions_ships_as_a_folder_that_loads_in_one_line():
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    # the `wrap_with_memory(base, "infllm", ...)` call of the README's headline (its recipe for questions)
+    snippet = re.search(r'wrap_with_memory\(\s*base, "infllm",(.*?)\n\)', (root / "README.md").read_text(), re.S)
+    assert snippet is not None
+    recipe = {k.arg: ast.literal_eval(k.value) for k in ast.parse(f"f({snippet.group(1)})").body[0].value.keywords}
+    assert recipe["match_blocks"] == 1 and recipe["topk_blocks"] == 0  # the call the regex found
+    folder = root / "examples" / "adapters" / "smollm2-infllm-qa"
+    model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
+    assert model.method == "infllm" and list(model.memory.parameters()) == []
+    assert model.memory_config == ha.InfLLMConfig(**recipe)
+    assert (model.memory.window, model.memory.sinks, model.memory.block) == (2048, 128, 128)
+
+
 FAMILY_FIELDS = dict(segment_length=8, window=24, sink_tokens=4, block_size=4, topk_blocks=2, representative_keys=2)
 
 
