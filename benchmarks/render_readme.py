@@ -310,8 +310,8 @@ CARDS = {
         "local window of 2048 tokens and 128 sink tokens, where each 512-token chunk reads only the one past block "
         "that holds the most of its last 32 tokens' words (and the block after it), at a fixed distance: "
         "`match_score='tokens'`, `match_blocks=1`, `topk_blocks=0` (none of InfLLM's ranked blocks, which bring "
-        "look-alike passages in), `keep_question_blocks=False`; written by `wrap_with_memory(base, \"infllm\", "
-        "match_blocks=1, topk_blocks=0, match_score=\"tokens\", keep_question_blocks=False, "
+        'look-alike passages in), `keep_question_blocks=False`; written by `wrap_with_memory(base, "infllm", '
+        'match_blocks=1, topk_blocks=0, match_score="tokens", keep_question_blocks=False, '
         f"window=2048).save_pretrained`. {_BACKBONE}"
     ),
     "smollm2-hmt": (
