@@ -14,8 +14,12 @@ import argparse
 import json
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from common import RESULTS, ROOT, peak_ratio, write_result
+
+if TYPE_CHECKING:
+    from hmt_adapters import MemoryConfig
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose markers are rendered
@@ -329,13 +333,11 @@ CARDS = {
 }
 
 
-def infllm_card_results(name: str) -> str | None:
-    """The block-retrieval cells measured so far (`benchmarks/infllm.py`) with the configuration shipped in
-    `examples/adapters/<name>`, for its card."""
-    import hmt_adapters as ha
+def infllm_card_results(shipped: MemoryConfig) -> str | None:
+    """The block-retrieval cells measured so far (`benchmarks/infllm.py`) with a shipped InfLLM configuration, for
+    its card."""
     from hmt_adapters.evaluation.records import load_records, markdown_tables
 
-    shipped = ha.MemoryConfig.from_json_file(ROOT / "examples" / "adapters" / name / "memory_config.json")
     saved, absent = shipped.saved_fields(), type(shipped).absent_values()
     rows = [  # the bare model, and the memory readers that ran this very configuration (a field added after a
         # record was written has, in that record, the value the package had then: `absent_values`)
@@ -360,12 +362,13 @@ def model_cards() -> None:
     from hmt_adapters.saving.card import render_model_card
 
     for name, training in CARDS.items():
-        results = infllm_card_results(name) if name.startswith("smollm2-infllm") else perplexity
+        folder = ROOT / "examples" / "adapters" / name
+        shipped = ha.MemoryConfig.from_json_file(folder / "memory_config.json")
+        results = infllm_card_results(shipped) if shipped.method == "infllm" else perplexity
         if results is None:
             print(f"model card {name}: no results yet, left as it is")
             continue
         base, _ = smollm2()  # records the portable base name the one-line load resolves offline
-        folder = ROOT / "examples" / "adapters" / name
         model = ha.MemoryModel.from_pretrained(base, str(folder))
         card = render_model_card(model, repo_id=str(folder.relative_to(ROOT)), results=results, training=training)
         card.save(folder / "README.md")
