@@ -474,15 +474,17 @@ def version_matrix() -> str | None:
     return "\n".join(lines)
 
 
-def books_command(corpus: str, data: dict, name: str, flags: str = "") -> str:
-    """The command that recorded run `name` of `ppl_infllm_<corpus>.json`, with its commit and machine (a run's own
-    where it has them, else the file's: its last writer's)."""
+def books_command(corpus: str, data: dict, name: str, flags: str = "", file: str = "") -> str:
+    """The command that recorded run `name` of `ppl_infllm_<corpus><file>.json`, with its commit and machine (a
+    run's own where it has them, else the file's: its last writer's)."""
     run, prov = data["runs"][name], data["provenance"]
     sha = (run.get("commit") or prov["git_commit"])[:10]
+    passages = data.get("passages", [0])
+    where = "" if passages == [0] else " --passages " + " ".join(map(str, passages))
     return (
         f"`python benchmarks/ppl_vs_length.py --infllm{flags} --window {data['window']} --stride {data['stride']} "
-        f"--corpus {corpus} --documents 1 --name ppl_infllm_{corpus}{' --update' if flags else ''}` (commit `{sha}`, "
-        f"{run.get('machine', prov['machine'])})"
+        f"--corpus {corpus} --documents 1{where} --name ppl_infllm_{corpus}{file}{' --update' if flags else ''}` "
+        f"(commit `{sha}`, {run.get('machine', prov['machine'])})"
     )
 
 
@@ -560,9 +562,70 @@ def infllm_scaling() -> str | None:
     return "\n".join(lines)
 
 
+def infllm_book_passages() -> str | None:
+    """Book perplexity of the last bin over a book's consecutive passages (`ppl_vs_length.py --passages`): each
+    reader per passage and pooled, against the bare model's sliding window with a paired interval
+    (`perplexity_ratio` over stretches of the bin), over all passages and over those after the first (on which no
+    setting was chosen)."""
+    from hmt_adapters.training import perplexity_ratio
+
+    found = [(c, load(f"ppl_infllm_{c}_passages")) for c in ("kjv", "austen")]
+    found = [(c, d) for c, d in found if d is not None]
+    if not found:
+        return None
+    lines = []
+    for corpus, data in found:
+        runs, prov = data["runs"], data["provenance"]
+        reference = runs["backbone_sliding_window"]["per_document"]
+        length = max(int(c) for c in runs["backbone_sliding_window"]["ppl"])  # the last bin: (C/2, C]
+        block = data["documents"][0]["tokens"] // len(reference[0]["nll_blocks"])  # targets per stretch
+        bin_blocks = slice(length // 2 // block, length // block)
+        variants = {n: " ".join(f"{k}={v}" for k, v in r.get("fields", {}).items()) for n, r in runs.items()}
+        title = data["documents"][0]["title"]
+        starts = [p["start"] for p in reference]
+        lines += [
+            f"{books_command(corpus, data, 'infllm', file='_passages')} on {prov['device']}: *{title}* read in "
+            f"{len(starts)} passages of {length} tokens (tokens "
+            + ", ".join(f"{s}-{s + length}" for s in starts)
+            + f"), each from an empty memory; perplexity of the tokens in ({length // 2}, {length}] of each passage, "
+            f"and the ratio to the bare model's {data['window']}-token sliding window with a 95% bootstrap interval "
+            f"over stretches of {block} tokens (paired: the same tokens)."
+            + "".join(
+                f" `{n}`: {books_command(corpus, data, n, f' {f} --infllm-name {n}', '_passages')}."
+                for n, f in variants.items()
+                if f
+            ),
+            "",
+            "| reader | "
+            + " | ".join(f"tokens {s // 1024}k-{(s + length) // 1024}k" for s in starts)
+            + " | pooled | x sliding window, all |"
+            + (" x sliding window, after the first |" if len(starts) > 1 else ""),
+            "|---" * (len(starts) + 3 + (len(starts) > 1)) + "|",
+        ]
+        labels = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
+        labels |= {n: f'`"infllm"`, {f}' for n, f in variants.items() if f}
+        for name, label in labels.items():
+            mine = runs[name]["per_document"]
+            cells = [f"{p['ppl'][str(length)]['bin']:.2f}" for p in mine]
+            pooled = runs[name]["ppl"][str(length)]["bin"]
+            ratios = []
+            for first in (0, 1) if len(starts) > 1 else (0,):
+                if name == "backbone_sliding_window":
+                    ratios.append("-")
+                    continue
+                ours = [x for p in mine[first:] for x in p["nll_blocks"][bin_blocks]]
+                theirs = [x for p in reference[first:] for x in p["nll_blocks"][bin_blocks]]
+                ratio, low, high = perplexity_ratio(ours, theirs)
+                ratios.append(f"{ratio:.4f} [{low:.4f}, {high:.4f}]")
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {pooled:.2f} | " + " | ".join(ratios) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 SECTIONS = {
     "infllm-scaling": infllm_scaling,
     "infllm-books": infllm_books,
+    "infllm-passages": infllm_book_passages,
     "infllm-headline": infllm_headline,
     "infllm": infllm,
     "infllm-cost": infllm_cost,

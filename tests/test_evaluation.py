@@ -8,7 +8,14 @@ import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters.training import corpus_nll, perplexity, perplexity_by_length, sliding_window_nll, token_nll
+from hmt_adapters.training import (
+    corpus_nll,
+    perplexity,
+    perplexity_by_length,
+    perplexity_ratio,
+    sliding_window_nll,
+    token_nll,
+)
 from tiny import random_ids, tiny_backbone
 
 
@@ -58,6 +65,26 @@ def test_sliding_window_nll_gives_each_token_at_least_window_minus_stride_contex
     torch.testing.assert_close(strided[19], own, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"`stride` must be in \[1, `window`=12\], got 13"):
         sliding_window_nll(base, ids, window=12, stride=13)
+
+
+def test_perplexity_ratio_pairs_stretches_and_brackets_the_ratio():
+    gen = torch.Generator().manual_seed(0)
+    reference = (3 + torch.rand(64, generator=gen)).tolist()  # mean NLLs of 64 stretches of one text
+    same = perplexity_ratio(reference, reference)
+    assert same == pytest.approx((1.0, 1.0, 1.0))  # paired: the stretches' own spread cancels
+    shifted = perplexity_ratio([x + 0.01 for x in reference], reference)
+    assert shifted == pytest.approx((math.exp(0.01),) * 3)  # 1% worse on every stretch: no doubt about it
+    noisy = [x + 0.1 * float(torch.randn(1, generator=gen)) for x in reference]
+    ratio, low, high = perplexity_ratio(noisy, reference)
+    diffs = torch.tensor(noisy) - torch.tensor(reference)
+    assert ratio == pytest.approx(math.exp(float(diffs.mean())))
+    half = 1.96 * float(diffs.std()) / 8  # the normal interval of a mean of 64
+    assert low < ratio < high and (math.log(high) - math.log(low)) / 2 == pytest.approx(half, rel=0.2)
+    assert perplexity_ratio(noisy, reference) == (ratio, low, high)  # seeded: a table renders the same twice
+    with pytest.raises(ValueError, match="same number"):
+        perplexity_ratio(noisy[:3], reference)
+    with pytest.raises(ValueError, match="`level` must be in"):
+        perplexity_ratio(noisy, reference, level=95)
 
 
 def test_perplexity_by_length_bins_the_second_half_of_each_prefix():

@@ -2,7 +2,14 @@
 
 from .deepspeed import CONFIG_NAMES as DEEPSPEED_CONFIGS
 from .deepspeed import deepspeed_config
-from .evaluation import corpus_nll, perplexity, perplexity_by_length, sliding_window_nll, token_nll
+from .evaluation import (
+    corpus_nll,
+    perplexity,
+    perplexity_by_length,
+    perplexity_ratio,
+    sliding_window_nll,
+    token_nll,
+)
 from .lora import add_lora, lora_target_modules
 from .stages import Stage, hmt_stages, segment_curriculum, train_stages
 from .trainer import MemoryTrainer
@@ -18,6 +25,7 @@ __all__ = [
     "lora_target_modules",
     "perplexity",
     "perplexity_by_length",
+    "perplexity_ratio",
     "segment_curriculum",
     "sliding_window_nll",
     "token_nll",
