@@ -488,20 +488,32 @@ def books_command(corpus: str, data: dict, name: str, flags: str = "", file: str
     )
 
 
+def book_files(suffix: str = "") -> list[tuple[str, dict]]:
+    """The `ppl_infllm_<corpus><suffix>.json` results there are, as (corpus, data)."""
+    found = [(c, load(f"ppl_infllm_{c}{suffix}")) for c in ("kjv", "austen")]
+    return [(c, d) for c, d in found if d is not None]
+
+
+def book_readers(data: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """A book file's InfLLM variants (runs added with --update, each with its fields as NAME=VALUE) and the label
+    of every row to show: the sliding window, the defaults, then the variants."""
+    variants = {
+        n: " ".join(f"{k}={v}" for k, v in r["fields"].items()) for n, r in data["runs"].items() if r.get("fields")
+    }
+    labels = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
+    return variants, labels | {n: f'`"infllm"`, {f}' for n, f in variants.items()}
+
+
 def infllm_books() -> str | None:
     """Book perplexity with block retrieval against the bare model's sliding window
     (`benchmarks/ppl_vs_length.py --infllm`, one results file per corpus)."""
-    found = [(c, load(f"ppl_infllm_{c}")) for c in ("kjv", "austen")]
-    found = [(c, d) for c, d in found if d is not None]
+    found = book_files()
     if not found:
         return None
     lines = []
     for corpus, data in found:
         doc, prov = data["documents"][0], data["provenance"]
-        # runs with InfLLM fields: settings added to the file with --update, each with its fields as NAME=VALUE
-        variants = {
-            n: " ".join(f"{k}={v}" for k, v in r["fields"].items()) for n, r in data["runs"].items() if r.get("fields")
-        }
+        variants, labels = book_readers(data)
         lengths = list(data["runs"]["infllm"]["ppl"])
         lines += [
             f"{books_command(corpus, data, 'infllm')} on {prov['device']}: *{doc['title']}* "
@@ -514,8 +526,6 @@ def infllm_books() -> str | None:
             "| reader | " + " | ".join(lengths) + " |",
             "|---" * (len(lengths) + 1) + "|",
         ]
-        labels = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
-        labels |= {n: f'`"infllm"`, {f}' for n, f in variants.items()}
         for name, label in labels.items():
             ppl = data["runs"][name]["ppl"]
             lines.append(f"| {label} | " + " | ".join(f"{ppl[c]['bin']:.2f}" for c in lengths) + " |")
@@ -569,8 +579,7 @@ def infllm_book_passages() -> str | None:
     setting was chosen)."""
     from hmt_adapters.training import perplexity_ratio
 
-    found = [(c, load(f"ppl_infllm_{c}_passages")) for c in ("kjv", "austen")]
-    found = [(c, d) for c, d in found if d is not None]
+    found = book_files("_passages")
     if not found:
         return None
     lines = []
@@ -580,7 +589,7 @@ def infllm_book_passages() -> str | None:
         length = max(int(c) for c in runs["backbone_sliding_window"]["ppl"])  # the last bin: (C/2, C]
         block = data["documents"][0]["tokens"] // len(reference[0]["nll_blocks"])  # targets per stretch
         bin_blocks = slice(length // 2 // block, length // block)
-        variants = {n: " ".join(f"{k}={v}" for k, v in r.get("fields", {}).items()) for n, r in runs.items()}
+        variants, labels = book_readers(data)
         title = data["documents"][0]["title"]
         starts = [p["start"] for p in reference]
         lines += [
@@ -593,7 +602,6 @@ def infllm_book_passages() -> str | None:
             + "".join(
                 f" `{n}`: {books_command(corpus, data, n, f' {f} --infllm-name {n}', '_passages')}."
                 for n, f in variants.items()
-                if f
             ),
             "",
             "| reader | "
@@ -602,8 +610,6 @@ def infllm_book_passages() -> str | None:
             + (" x sliding window, after the first |" if len(starts) > 1 else ""),
             "|---" * (len(starts) + 3 + (len(starts) > 1)) + "|",
         ]
-        labels = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
-        labels |= {n: f'`"infllm"`, {f}' for n, f in variants.items() if f}
         for name, label in labels.items():
             mine = runs[name]["per_document"]
             cells = [f"{p['ppl'][str(length)]['bin']:.2f}" for p in mine]
