@@ -12,19 +12,20 @@ model predicts text that far into a document. Runs:
 - `infllm` with `--infllm [NAME=VALUE ...]`: the training-free block retrieval (docs/infllm.md) on a copy of the
   backbone, with those config fields (recorded under `--infllm-name`, default `infllm`).
 
-`--update` keeps the runs already in the results file (same corpus, documents, window and stride; each keeps its
-commit) and runs only the others, e.g. one more InfLLM setting against the recorded baselines:
+`--update` keeps the runs already in the results file (same corpus, documents, passages, window and stride; each
+keeps its commit) and runs only the others, e.g. one more InfLLM setting against the recorded baselines:
 
     python benchmarks/ppl_vs_length.py --infllm window=7168 --infllm-name infllm-window-7168 --window 8192 \
         --stride 2048 --corpus kjv --documents 1 --name ppl_infllm_kjv --update
 
     python benchmarks/ppl_vs_length.py --adapters hmt=examples/adapters/smollm2-hmt --corpus austen --max-length 32768
 
-`--passages 1 2` reads a document's later `--max-length` passages (held-out text for a setting chosen on passage 0);
-each run also keeps, per passage, its perplexities and the mean NLL of every 256 targets (`nll_blocks`), so two runs
-can be compared pairwise with an interval (docs/infllm.md).
     python benchmarks/ppl_vs_length.py --infllm --window 8192 --stride 2048 --corpus kjv --documents 1 \
         --name ppl_infllm_kjv
+
+`--passages 1 2` reads a document's later `--max-length` passages (held-out text for a setting chosen on passage 0);
+each run also keeps, per passage, its perplexities and the mean NLL of every 256 targets (`nll_blocks`), so two runs
+can be compared pairwise with an interval (`hmt_adapters.training.perplexity_ratio`, docs/infllm.md).
 
 Writes `benchmarks/results/ppl_vs_length[_<corpus>].json` and `.png`.
 """
