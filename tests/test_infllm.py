@@ -293,6 +293,44 @@ def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
         wrap(backbone(), match_score="tokens")
 
 
+def test_token_match_reads_both_neighbours_of_a_needle_cut_with_words_on_either_side():
+    """`match_neighbours="both"`: a needle whose question words stand on both sides of its answer ("The pass key
+    is X. Remember it. X is the pass key."), cut at a block boundary, is matched on the half with more of them; the
+    default reads the block after it, "both" the one before too (-1 before the first block)."""
+    model = wrap(backbone(), match_blocks=1, match_queries=4, match_score="tokens", topk_blocks=0)
+    method = model.memory
+    ids = random_ids(1, 300, seed=2) % 80
+    ids[0, 94] = 93  # block 10 (tokens 88-95): the needle's first half, one question word
+    ids[0, 96:98] = torch.tensor([91, 92])  # block 11 (tokens 96-103): its second half, two
+    ids[0, -4:] = torch.tensor([80, 91, 92, 93])  # the question
+    with torch.no_grad():
+        _, state = model.step(ids[:, :288])
+    tensors, real = dict(state.tensors), torch.ones(1, 12, dtype=torch.bool)
+    assert method.match_tokens(tensors, ids[:, 288:], real).tolist() == [[11, 12]]  # the first half is not read
+    model.memory_config.match_neighbours = "both"
+    assert method.match_tokens(tensors, ids[:, 288:], real).tolist() == [[10, 11, 12]]
+    model.memory.trace = {}
+    with torch.no_grad():
+        model.step(ids)  # the question's call reads the three blocks in every layer, and no other
+    for calls in model.memory.trace.values():
+        assert next(c for c in calls if c["end"] == 300)["selected"][0] == [10, 11, 12]
+    first = ids.clone()
+    first[0, 94], first[0, 96:98] = 0, 0
+    first[0, 9:12] = torch.tensor([91, 92, 93])  # every word in block 0: nothing before it
+    with torch.no_grad():
+        _, state = model.step(first[:, :288])
+    assert method.match_tokens(dict(state.tensors), first[:, 288:], real).tolist() == [[-1, 0, 1]]
+    model.memory_config.match_in_view = True  # the same blocks, each named once, none in view
+    assert method.match_tokens(tensors, ids[:, 288:], real).tolist() == [[10, 11, 12]]
+    assert wrap(backbone(), match_blocks=1, match_score="tokens").memory_config.match_neighbours == "after"
+    with pytest.raises(
+        ValueError, match="`match_neighbours` \\('both'\\).*match_score='tokens' does; got match_score='attention'"
+    ):
+        wrap(backbone(), match_blocks=1, match_neighbours="both")
+    with pytest.raises(ValueError, match="match_neighbours.*'after', 'both'"):
+        wrap(backbone(), match_blocks=1, match_score="tokens", match_neighbours="before")
+
+
 def test_token_match_in_view_reads_no_block_for_words_the_window_holds():
     """`match_in_view`: the question's words ranked over the stored blocks and the text the call reads locally. A
     passage in view that holds them outranks a look-alike in memory, and no block is read for it (on `niah_multikey`

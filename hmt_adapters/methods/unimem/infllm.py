@@ -254,7 +254,9 @@ class InfLLM(MemoryMethod):
 
     def match_tokens(self, state: State, ids: torch.Tensor, mask: torch.Tensor, view_from: int = 0) -> torch.Tensor:
         """`[B, 2m]` the `match_blocks` blocks that hold the most of the question's words, each followed by the
-        block after it (where a needle cut at a block boundary keeps its answer: the words asked about come first).
+        block after it (where a needle cut at a block boundary keeps its answer: the words asked about come first);
+        `[B, 3m]` with `match_neighbours="both"`: each between the blocks before and after it (-1: none before the
+        first).
         The question's words: the distinct tokens among the last `match_queries` real ones of `ids` (the tail's,
         then the call's), each weighted by its rarity (BM25's idf: a word in every block counts for nothing); a
         block scores the weights of those it holds (docs/infllm.md, "Question-aware blocks"). Token ids only: a few
@@ -284,13 +286,18 @@ class InfLLM(MemoryMethod):
             idf = torch.log1p((len(held) - df + 0.5) / (df + 0.5)) * (df > 0)
             picked.append((held.float() @ idf).topk(min(self.config.match_blocks, len(held))).indices)
         best = torch.stack(picked)  # [B, min(m, pieces)]
+        both = self.config.match_neighbours == "both"
         if not self.config.match_in_view:
-            return torch.stack([best, (best + 1).clamp_max(count - 1)], dim=-1).flatten(1)
-        pairs = torch.stack([best, best + 1], dim=-1).flatten(1)  # in view (or past it) from `count` on
-        named = pairs.tolist()
+            after = (best + 1).clamp_max(count - 1)  # the last block's successor is in the window: it repeats it
+            if not both:
+                return torch.stack([best, after], dim=-1).flatten(1)
+            return torch.stack([torch.where(best > 0, best - 1, -1), best, after], dim=-1).flatten(1)  # -1: none
+        offsets = (-1, 0, 1) if both else (0, 1)
+        around = torch.stack([best + d for d in offsets], dim=-1).flatten(1)  # in view (or past it) from `count` on
+        named = around.tolist()
         for row in named:  # each block once: a later repeat names none
-            row[:] = [j if j < count and j not in row[:i] else -1 for i, j in enumerate(row)]
-        return torch.tensor(named, dtype=pairs.dtype, device=pairs.device)
+            row[:] = [j if 0 <= j < count and j not in row[:i] else -1 for i, j in enumerate(row)]
+        return torch.tensor(named, dtype=around.dtype, device=around.device)
 
     def gather_global(
         self, layer: int, state: State, chosen: torch.Tensor | None, device: torch.device, sinks: bool = True

@@ -19,6 +19,7 @@ STORE_DTYPES = ("float32", "bfloat16", "float16", "int8")
 SELECT_PER = ("layer", "kv_head")
 BLOCK_POSITIONS = ("window", "ordered")
 MATCH_SCORES = ("attention", "tokens")
+MATCH_NEIGHBOURS = ("after", "both")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
 INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
 
@@ -75,9 +76,15 @@ class InfLLMConfig(MemoryConfig):
             the mean of the chunk's last `match_queries` queries (above). `"tokens"`: the words the question and
             a block share: the distinct token ids of the last `match_queries` tokens read, each weighted by its
             rarity among the stored blocks (BM25's idf), summed over those a block holds; each matched block is
-            read with the block after it (a needle cut at a block boundary keeps its answer there), so
-            `2 * match_blocks` blocks. Exact where layer 0's keys are only close to token identity
+            read with its neighbours (`match_neighbours`: by default the block after it, so `2 * match_blocks`
+            blocks). Exact where layer 0's keys are only close to token identity
             (docs/infllm.md, "Question-aware blocks"). Stores one token id per stored token.
+        match_neighbours (`str`, defaults to `"after"`):
+            With `match_score="tokens"`: the blocks read around each matched one. `"after"`: the block after it
+            (a needle whose question words come first, cut at a block boundary, keeps its answer there). `"both"`:
+            the blocks before and after it, `3 * match_blocks` blocks: a needle whose words come on both sides of
+            its answer ("The pass key is X. Remember it. X is the pass key.") is matched on the half holding more
+            of them, which can be the second (docs/infllm.md, "Question-aware blocks").
         match_in_view (`bool`, defaults to `False`):
             With `match_score="tokens"`: rank the text the call reads locally (and its answer will still read once
             the next segment opens) with the stored blocks, so no block is read for words the window already holds:
@@ -165,10 +172,21 @@ class InfLLMConfig(MemoryConfig):
         default="attention",
         metadata={"help": "Ranking of the matched blocks.", "choices": MATCH_SCORES, "absent": "attention"},
     )
+    match_neighbours: str = field(
+        default="after",
+        metadata={"help": "Blocks read around a token-matched one.", "choices": MATCH_NEIGHBOURS, "absent": "after"},
+    )
     block_positions: str = field(
         default="window",
         metadata={"help": "RoPE positions of sinks and blocks.", "choices": BLOCK_POSITIONS, "absent": "window"},
     )
+
+    @property
+    def blocks_per_match(self) -> int:
+        """Blocks read for each of the `match_blocks`: itself, and with `match_score="tokens"` its neighbours."""
+        if self.match_score != "tokens":
+            return 1
+        return 3 if self.match_neighbours == "both" else 2
 
     @property
     def method(self) -> str:  # type: ignore[override]  # a preset per instance, not one string per class
@@ -202,6 +220,11 @@ class InfLLMConfig(MemoryConfig):
             raise ValueError(
                 f"`match_in_view` ranks the text in view by its token ids, which only match_score='tokens' keeps; "
                 f"got match_score={self.match_score!r}."
+            )
+        if self.match_neighbours != "after" and self.match_score != "tokens":
+            raise ValueError(
+                f"`match_neighbours` ({self.match_neighbours!r}) says which blocks are read around a block matched by "
+                f"its token ids, which only match_score='tokens' does; got match_score={self.match_score!r}."
             )
         if self.match_score != "attention" and not self.match_blocks:
             raise ValueError(
@@ -241,7 +264,7 @@ class InfLLMConfig(MemoryConfig):
             )
         if self.block_positions == "ordered" and max_positions is not None:
             # a decoding step with `keep_question_blocks` reads its own blocks and the question's (`InfLLM._kept`)
-            matched = self.match_blocks * (2 if self.match_score == "tokens" else 1)  # tokens: each with its next
+            matched = self.match_blocks * self.blocks_per_match
             blocks = (self.topk_blocks + matched) * (2 if self.keep_question_blocks else 1)
             ordered = span + sinks + blocks * block
             if ordered > max_positions:
