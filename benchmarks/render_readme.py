@@ -592,6 +592,7 @@ def infllm_book_passages() -> str | None:
         variants, labels = book_readers(data)
         title = data["documents"][0]["title"]
         starts = [p["start"] for p in reference]
+        firsts = (0, 1) if len(starts) > 1 else (0,)  # ratio columns: all passages, and those after the first
         lines += [
             f"{books_command(corpus, data, 'infllm', file='_passages')} on {prov['device']}: *{title}* read in "
             f"{len(starts)} passages of {length} tokens (tokens "
@@ -607,22 +608,20 @@ def infllm_book_passages() -> str | None:
             "| reader | "
             + " | ".join(f"tokens {s // 1024}k-{(s + length) // 1024}k" for s in starts)
             + " | pooled | x sliding window, all |"
-            + (" x sliding window, after the first |" if len(starts) > 1 else ""),
-            "|---" * (len(starts) + 3 + (len(starts) > 1)) + "|",
+            + (" x sliding window, after the first |" if len(firsts) > 1 else ""),
+            "|---" * (len(starts) + 2 + len(firsts)) + "|",
         ]
         for name, label in labels.items():
             mine = runs[name]["per_document"]
             cells = [f"{p['ppl'][str(length)]['bin']:.2f}" for p in mine]
             pooled = runs[name]["ppl"][str(length)]["bin"]
-            ratios = []
-            for first in (0, 1) if len(starts) > 1 else (0,):
-                if name == "backbone_sliding_window":
-                    ratios.append("-")
-                    continue
-                ours = [x for p in mine[first:] for x in p["nll_blocks"][bin_blocks]]
-                theirs = [x for p in reference[first:] for x in p["nll_blocks"][bin_blocks]]
-                ratio, low, high = perplexity_ratio(ours, theirs)
-                ratios.append(f"{ratio:.4f} [{low:.4f}, {high:.4f}]")
+            ratios = ["-"] * len(firsts)  # the sliding window against itself
+            if name != "backbone_sliding_window":
+                for i, first in enumerate(firsts):
+                    ours = [x for p in mine[first:] for x in p["nll_blocks"][bin_blocks]]
+                    theirs = [x for p in reference[first:] for x in p["nll_blocks"][bin_blocks]]
+                    ratio, low, high = perplexity_ratio(ours, theirs)
+                    ratios[i] = f"{ratio:.4f} [{low:.4f}, {high:.4f}]"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {pooled:.2f} | " + " | ".join(ratios) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
