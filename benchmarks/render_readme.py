@@ -572,6 +572,11 @@ def infllm_scaling() -> str | None:
     return "\n".join(lines)
 
 
+def bin_stretches(passages: list[dict], bins: slice) -> list[float]:
+    """The mean NLLs of a bin's stretches (`nll_blocks[bins]`) of every passage in turn: two readers' lists pair."""
+    return [x for p in passages for x in p["nll_blocks"][bins]]
+
+
 def infllm_book_passages() -> str | None:
     """Book perplexity of the last bin over a book's consecutive passages (`ppl_vs_length.py --passages`): each
     reader per passage and pooled, against the bare model's sliding window with a paired interval
@@ -593,6 +598,7 @@ def infllm_book_passages() -> str | None:
         title = data["documents"][0]["title"]
         starts = [p["start"] for p in reference]
         firsts = (0, 1) if len(starts) > 1 else (0,)  # ratio columns: all passages, and those after the first
+        theirs = {first: bin_stretches(reference[first:], bin_blocks) for first in firsts}
         lines += [
             f"{books_command(corpus, data, 'infllm', file='_passages')} on {prov['device']}: *{title}* read in "
             f"{len(starts)} passages of {length} tokens (tokens "
@@ -617,11 +623,8 @@ def infllm_book_passages() -> str | None:
             pooled = runs[name]["ppl"][str(length)]["bin"]
             ratios = ["-"] * len(firsts)  # the sliding window against itself
             if name != "backbone_sliding_window":
-                for i, first in enumerate(firsts):
-                    ours = [x for p in mine[first:] for x in p["nll_blocks"][bin_blocks]]
-                    theirs = [x for p in reference[first:] for x in p["nll_blocks"][bin_blocks]]
-                    ratio, low, high = perplexity_ratio(ours, theirs)
-                    ratios[i] = f"{ratio:.4f} [{low:.4f}, {high:.4f}]"
+                found = (perplexity_ratio(bin_stretches(mine[first:], bin_blocks), theirs[first]) for first in firsts)
+                ratios = [f"{ratio:.4f} [{low:.4f}, {high:.4f}]" for ratio, low, high in found]
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {pooled:.2f} | " + " | ".join(ratios) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
