@@ -8,6 +8,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.memory.attend import MemoryRead, joint_attention
+from hmt_adapters.memory.kv import init_kv_state, push_kv
 from hmt_adapters.methods.unimem import method as unimem_method
 from hmt_adapters.methods.unimem import reading
 from hmt_adapters.methods.unimem.trams import trams_scores, trams_select
@@ -180,6 +181,36 @@ def test_trams_pool_is_updated_fifo_whatever_was_selected():
     for name in ("k.0", "v.0", "pos", "valid", "seen"):
         torch.testing.assert_close(b.tensors[name], a.tensors[name], atol=1e-6, rtol=1e-5)
     assert not torch.allclose(b.tensors["k.1"], a.tensors["k.1"])  # layer 1 saw a different memory
+
+
+@pytest.mark.parametrize("capacity, length", [(6, 4), (6, 6), (4, 7)])
+def test_the_store_keeps_each_rows_newest_real_tokens_right_aligned_with_their_positions(capacity, length):
+    """`push_kv` against a per-row list: real tokens only, oldest -> newest, the newest `capacity` right-aligned
+    behind empty slots, each with its stream position; segments with left, right and no padding (the unpadded ones
+    take the sliced path, the padded ones the sorted one)."""
+    gen = torch.Generator().manual_seed(0)
+    masks = [[1] * length, [0] * 2 + [1] * (length - 2), [1] * (length - 1) + [0], [0] * length, [1] * length]
+    state = init_kv_state(2, [0], 1, 3, capacity, "cpu", torch.float32)
+    kept: list[list[tuple[int, torch.Tensor]]] = [[], []]
+    seen = [0, 0]
+    for n, mask in enumerate(masks):
+        rows = torch.tensor([mask, masks[(n + 1) % len(masks)]])
+        k = torch.randn(2, 1, length, 3, generator=gen)
+        state = push_kv(state, {0: (k, -k)}, rows)
+        for b in range(2):
+            for t in range(length):
+                if rows[b, t]:
+                    kept[b].append((seen[b], k[b, 0, t]))
+                    seen[b] += 1
+            kept[b] = kept[b][-capacity:]
+    for b in range(2):
+        held = len(kept[b])
+        assert state["valid"][b].tolist() == [False] * (capacity - held) + [True] * held
+        assert state["pos"][b, capacity - held :].tolist() == [p for p, _ in kept[b]]
+        entries = torch.stack([e for _, e in kept[b]])
+        assert torch.equal(state["k.0"][b, 0, capacity - held :], entries)
+        assert torch.equal(state["v.0"][b, 0, capacity - held :], -entries)
+        assert int(state["seen"][b]) == seen[b]
 
 
 # ---- reading and combining -------------------------------------------------------------------------------------

@@ -38,14 +38,36 @@ def push_kv(
     real = mask.bool()
     positions = state["seen"][:, None] + real.long().cumsum(1) - 1
     valid = torch.cat([state["valid"], real], dim=1)
+    seen = state["seen"] + real.long().sum(1)
+    if bool((valid[:, 1:] >= valid[:, :-1]).all()):
+        # Every row is already invalid first, then oldest -> newest (a right-aligned store and a segment without
+        # padding before real tokens): the sort below is the identity, and the newest `capacity` entries are the
+        # last ones. Kept by slicing: one copy of the store, where a gather whose index is expanded over the head
+        # dimension is several times slower on CPU (as `reading.lookup_rows` notes).
+        out = {"pos": newest(state["pos"], positions, 1, capacity), "valid": valid[:, -capacity:].clone()}
+        out["seen"] = seen
+        for i, (k, v) in new.items():
+            old_k, old_v = state[f"k.{i}"], state[f"v.{i}"]
+            out[f"k.{i}"] = newest(old_k, k.to(old_k.dtype), 2, capacity)
+            out[f"v.{i}"] = newest(old_v, v.to(old_v.dtype), 2, capacity)
+        return out
     order = torch.argsort(valid.long(), dim=1, stable=True)[:, -capacity:]  # invalid first, then oldest -> newest
     out = {
         "pos": _gather_tokens(torch.cat([state["pos"], positions], dim=1), order),
         "valid": _gather_tokens(valid, order),
-        "seen": state["seen"] + real.long().sum(1),
+        "seen": seen,
     }
     for i, (k, v) in new.items():
         old_k, old_v = state[f"k.{i}"], state[f"v.{i}"]
         out[f"k.{i}"] = _gather_tokens(torch.cat([old_k, k.to(old_k.dtype)], dim=2), order)
         out[f"v.{i}"] = _gather_tokens(torch.cat([old_v, v.to(old_v.dtype)], dim=2), order)
     return out
+
+
+def newest(old: torch.Tensor, new: torch.Tensor, dim: int, capacity: int) -> torch.Tensor:
+    """The last `capacity` entries along `dim` of `old` followed by `new`, as a new tensor (never a view of
+    either: the state is replaced, not aliased)."""
+    drop = old.shape[dim] + new.shape[dim] - capacity  # entries pushed out, oldest first
+    if drop >= old.shape[dim]:
+        return new.narrow(dim, drop - old.shape[dim], capacity).clone()
+    return torch.cat([old.narrow(dim, drop, old.shape[dim] - drop), new], dim=dim)
