@@ -82,6 +82,24 @@ def test_no_trainable_parameters_and_a_document_past_the_window_streams():
     assert 8 + blocks * 8 + state.tensors["tail.valid"].shape[1] == 288
 
 
+@pytest.mark.parametrize("positions", ["window", "ordered"])
+def test_training_through_the_backbone_gives_the_logits_of_reading_and_gradients_to_it(positions):
+    """With gradients the joint softmax is autograd's over the parts' concatenation; without, the parts' logits share
+    one buffer normalised in place (`InfLLM._probabilities`): the same logits, past the window (blocks retrieved)."""
+    base = backbone()
+    model = wrap(base, block_positions=positions)
+    ids = random_ids(2, 200, seed=5)
+    with torch.no_grad():
+        read = model(input_ids=ids).logits
+    trained = list(base.model.layers[0].self_attn.q_proj.parameters())
+    for weight in trained:  # the wrapped backbone is frozen: train one projection, as a LoRA would
+        weight.requires_grad_(True)
+    out = model(input_ids=ids, labels=ids)
+    torch.testing.assert_close(out.logits, read, atol=2e-5, rtol=1e-5)
+    out.loss.backward()
+    assert all(w.grad is not None and float(w.grad.abs().sum()) > 0 for w in trained)
+
+
 def test_block_scoring_picks_the_block_that_matches_the_mean_query():
     model = wrap(backbone())
     method: InfLLM = model.memory

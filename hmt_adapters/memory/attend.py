@@ -70,13 +70,18 @@ def _all_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.expand(x.shape[0], heads, *x.shape[2:])
 
 
-def head_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+def head_scores(query: torch.Tensor, key: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """`query @ key^T` `[B, Hq, q, k]` for `key` `[B, Hk, k, D]` with `Hk` dividing `Hq` (query head h reads key
-    head h // (Hq / Hk)), by grouping the queries instead of repeating the keys."""
+    head h // (Hq / Hk)), by grouping the queries instead of repeating the keys. `out`: where to write them, e.g. a
+    column slice of a larger logit buffer (its rows may be strided, its last dimension not); same dtype as `query`.
+    """
     batch, heads, q_len, dim = query.shape
     if key.shape[1] == heads:
-        return query @ key.transpose(-1, -2)
+        return torch.matmul(query, key.transpose(-1, -2), out=out)
     grouped = query.reshape(batch, key.shape[1], heads // key.shape[1] * q_len, dim)
+    if out is not None:  # (heads, queries) merge into (key heads, group x queries) as a view of any row stride
+        torch.matmul(grouped, key.transpose(-1, -2), out=out.view(*grouped.shape[:-1], key.shape[2]))
+        return out
     return (grouped @ key.transpose(-1, -2)).view(batch, heads, q_len, key.shape[2])
 
 

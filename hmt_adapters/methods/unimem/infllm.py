@@ -36,7 +36,6 @@ from .infllm_config import InfLLMConfig
 from .reading import rotate_at
 
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
-EXP_FLOOR = -87.0  # the lowest float32 input whose exp is a normal number (e^-87.3 = 1.18e-38, the smallest normal)
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
 # one part of a joint softmax: keys, values `[B, Hkv, n, D]` and visibility `[B, 1|Hq, 1|q, n]` (None: all visible)
 Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -403,11 +402,7 @@ class InfLLM(MemoryMethod):
             if global_parts:
                 assert query_global is not None  # computed with the global part
                 sliced[:0] = [(query_global[:, :, rows], part) for part in global_parts]
-            logits, masks = [], []
-            for q, (k, _, visible) in sliced:
-                logits.append(head_scores(q * scaling, k).float())
-                masks.append(visible if visible is None or visible.shape[-2] == 1 else visible[..., rows, :])
-            probs = self._softmax(logits, masks, call.kwargs.get("softcap"))
+            probs = self._probabilities(sliced, rows, scaling, call.kwargs.get("softcap"))
             mixed = [head_mix(p.to(dtype), part[1]) for p, (_, part) in zip(probs, sliced)]
             outs.append(torch.stack(mixed).sum(0))
             if layer in context.record_layers:  # attention each local key received, summed over queries
@@ -483,29 +478,39 @@ class InfLLM(MemoryMethod):
         return rotated
 
     @staticmethod
-    def _softmax(
-        logits: list[torch.Tensor], masks: list[torch.Tensor | None], softcap: float | None
+    def _probabilities(
+        sliced: list[tuple[torch.Tensor, Part]], rows: slice, scaling: float, softcap: float | None
     ) -> list[torch.Tensor]:
-        """One fp32 softmax over the logit parts together (eq. 1), each masked by its visibility (None: all
-        visible); the probabilities come back per part. Without gradients the parts are worked in place, never
-        concatenated; when training through the backbone, autograd's softmax over their concatenation."""
-        if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
-            logits = [torch.tanh(part / softcap) * softcap for part in logits]
+        """One fp32 softmax (eq. 1) over the logits of every part, `(query rows, (keys, values, visibility))`, each
+        masked by its visibility (None: all visible; a query that sees nothing gets a uniform row, no NaN); the
+        probabilities come back per part. Without gradients every part's logits are written into one buffer
+        (`head_scores(out=)`) and normalised by one `torch.softmax` over its rows, three passes where a softmax
+        over separate parts takes six (docs/cost.md); when training through the backbone, autograd's softmax over
+        their concatenation."""
+        masks = [mask if mask is None or mask.shape[-2] == 1 else mask[..., rows, :] for _, (_, _, mask) in sliced]
+        widths = [k.shape[2] for _, (k, _, _) in sliced]
         low = torch.finfo(torch.float32).min
-        if torch.is_grad_enabled() and any(part.requires_grad for part in logits):
-            parts = [part if mask is None else part.masked_fill(~mask, low) for part, mask in zip(logits, masks)]
-            return list(torch.softmax(torch.cat(parts, dim=-1), dim=-1).split([p.shape[-1] for p in parts], dim=-1))
-        for part, mask in zip(logits, masks):
+        if torch.is_grad_enabled() and any(t.requires_grad for q, (k, _, _) in sliced for t in (q, k)):
+            logits = [head_scores(q * scaling, k).float() for q, (k, _, _) in sliced]
+            if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
+                logits = [torch.tanh(part / softcap) * softcap for part in logits]
+            logits = [part if mask is None else part.masked_fill(~mask, low) for part, mask in zip(logits, masks)]
+            return list(torch.softmax(torch.cat(logits, dim=-1), dim=-1).split(widths, dim=-1))
+        first = sliced[0][0]
+        buffer = first.new_empty(*first.shape[:-1], sum(widths), dtype=torch.float32)
+        parts = buffer.split(widths, dim=-1)
+        for (q, (k, _, _)), part in zip(sliced, parts):
+            if q.dtype == torch.float32:
+                head_scores(q * scaling, k, out=part)
+            else:
+                part.copy_(head_scores(q * scaling, k))
+        if softcap:
+            buffer.div_(softcap).tanh_().mul_(softcap)
+        for part, mask in zip(parts, masks):
             if mask is not None:
                 part.masked_fill_(~mask, low)
-        top = torch.stack([part.amax(-1) for part in logits if part.shape[-1]]).amax(0)[..., None]
-        # exp of a float32 below EXP_FLOOR takes CPU's scalar path (denormal or zero result): ~30x slower than the
-        # vector exp, and every masked logit lands there; floored, a masked entry weighs e^-87 ~ 1.6e-38, below
-        # float32's resolution next to the row's largest entry (1.0), so the probabilities are unchanged
-        total = torch.stack(
-            [part.sub_(top).clamp_(min=EXP_FLOOR).exp_().sum(-1, keepdim=True) for part in logits]
-        ).sum(0)
-        return [part.div_(total) for part in logits]  # a query that sees nothing (padding): a uniform row, no NaN
+        torch.ops.aten._softmax.out(buffer, -1, False, out=buffer)  # in place: each row is read before it is written
+        return list(buffer.split(widths, dim=-1))
 
     @staticmethod
     def _tail_visibility(tail_valid: torch.Tensor, call: AttentionCall, q_len: int) -> torch.Tensor | None:
