@@ -9,6 +9,11 @@ from __future__ import annotations
 import torch
 
 
+def _token_dim(x: torch.Tensor) -> int:
+    """The token axis of a store tensor: 1 of `[B, T]`, 2 of `[B, H, T, D]`."""
+    return 1 if x.dim() == 2 else 2
+
+
 def _gather_tokens(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """Reorder the token axis of `x` (`[B, T]` or `[B, H, T, D]`) by a per-row `order` `[B, T]`."""
     if x.dim() == 2:
@@ -38,29 +43,27 @@ def push_kv(
     real = mask.bool()
     positions = state["seen"][:, None] + real.long().cumsum(1) - 1
     valid = torch.cat([state["valid"], real], dim=1)
-    seen = state["seen"] + real.long().sum(1)
     if bool((valid[:, 1:] >= valid[:, :-1]).all()):
         # Every row is already invalid first, then oldest -> newest (a right-aligned store and a segment without
         # padding before real tokens): the sort below is the identity, and the newest `capacity` entries are the
         # last ones. Kept by slicing: one copy of the store, where a gather whose index is expanded over the head
         # dimension is several times slower on CPU (as `reading.lookup_rows` notes).
-        out = {"pos": newest(state["pos"], positions, 1, capacity), "valid": valid[:, -capacity:].clone()}
-        out["seen"] = seen
-        for i, (k, v) in new.items():
-            old_k, old_v = state[f"k.{i}"], state[f"v.{i}"]
-            out[f"k.{i}"] = newest(old_k, k.to(old_k.dtype), 2, capacity)
-            out[f"v.{i}"] = newest(old_v, v.to(old_v.dtype), 2, capacity)
-        return out
-    order = torch.argsort(valid.long(), dim=1, stable=True)[:, -capacity:]  # invalid first, then oldest -> newest
+        def keep(old: torch.Tensor, pushed: torch.Tensor) -> torch.Tensor:
+            return newest(old, pushed.to(old.dtype), _token_dim(old), capacity)
+
+    else:
+        order = torch.argsort(valid.long(), dim=1, stable=True)[:, -capacity:]  # invalid first, then oldest -> newest
+
+        def keep(old: torch.Tensor, pushed: torch.Tensor) -> torch.Tensor:
+            return _gather_tokens(torch.cat([old, pushed.to(old.dtype)], dim=_token_dim(old)), order)
+
     out = {
-        "pos": _gather_tokens(torch.cat([state["pos"], positions], dim=1), order),
-        "valid": _gather_tokens(valid, order),
-        "seen": seen,
+        "pos": keep(state["pos"], positions),
+        "valid": keep(state["valid"], real),
+        "seen": state["seen"] + real.long().sum(1),
     }
     for i, (k, v) in new.items():
-        old_k, old_v = state[f"k.{i}"], state[f"v.{i}"]
-        out[f"k.{i}"] = _gather_tokens(torch.cat([old_k, k.to(old_k.dtype)], dim=2), order)
-        out[f"v.{i}"] = _gather_tokens(torch.cat([old_v, v.to(old_v.dtype)], dim=2), order)
+        out[f"k.{i}"], out[f"v.{i}"] = keep(state[f"k.{i}"], k), keep(state[f"v.{i}"], v)
     return out
 
 
