@@ -20,6 +20,7 @@ Readers:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import resource
 import sys
 import time
@@ -34,7 +35,7 @@ from common import parse_field, provenance  # noqa: E402
 from hmt_adapters.evaluation import TASKS, Reader, retrieval_recall, score  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
-from hmt_adapters.evaluation.shared_prefix import SharedPrefixes  # noqa: E402
+from hmt_adapters.evaluation.shared_prefix import Checkpoints, SharedPrefixes  # noqa: E402
 from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
 from longcontext import parse_length  # noqa: E402
 
@@ -80,8 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="read every prompt from its beginning (default: samples sharing a haystack beginning read it "
         "once; the answers are the same, tests/test_infllm.py)",
     )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save each memory reader's prompt state here every --checkpoint-every tokens, and continue a sample "
+        "from its checkpoint when a run was stopped mid-prompt (a 1M-token prompt is hours of a CPU)",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=65536, help="tokens between checkpoints (whole segments)")
     p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     return p
+
+
+def sample_key(reader: str, task: str, length: int, kwargs: dict, sample: Any) -> tuple:
+    """The record key (`record_key`) of `sample` (built with `kwargs`: seed, depth, haystack) read by `reader`."""
+    return record_key({"reader": reader, "task": task, "haystack": sample.haystack, "length": length, **kwargs})
 
 
 def deepest_first_then_by_depth(todo: list[tuple[dict, Any]]) -> list[tuple[dict, Any]]:
@@ -147,6 +160,9 @@ def main() -> None:
         return
     if Path(args.out).exists() and not args.update:
         raise SystemExit(f"{args.out} exists: pass --update to add samples to it, or choose another --out.")
+    if args.checkpoint_dir is not None and args.no_shared_prefix:
+        raise SystemExit("--checkpoint-dir saves states on the shared-prefix path: drop --no-shared-prefix to use it.")
+    checkpoints = Checkpoints(args.checkpoint_dir, args.checkpoint_every) if args.checkpoint_dir else None
     if args.threads:
         torch.set_num_threads(args.threads)
     done = {record_key(r) for r in load_records(args.out)}
@@ -183,18 +199,16 @@ def main() -> None:
                     kwargs["haystack"] = args.haystack
                 samples.append((kwargs, TASKS[task](tokenizer, length, **kwargs)))
             for reader in readers:
-                todo = [
-                    (kw, s)
-                    for kw, s in samples
-                    if record_key(
-                        {"reader": reader.name, "task": task, "haystack": s.haystack, "length": length, **kw}
-                    )
-                    not in done
-                ]
+                todo = [(kw, s) for kw, s in samples if sample_key(reader.name, task, length, kw, s) not in done]
                 shared = None
                 if isinstance(reader.model, ha.MemoryModel) and not args.no_shared_prefix:
                     todo = deepest_first_then_by_depth(todo)
-                    shared = SharedPrefixes(reader.model, [s.input_ids for _, s in todo])
+                    names = [  # one checkpoint file per sample: its record key, hashed
+                        f"{task}-{length}-seed{kw['seed']}-"
+                        + hashlib.sha256(repr(sample_key(reader.name, task, length, kw, s)).encode()).hexdigest()[:12]
+                        for kw, s in todo
+                    ]
+                    shared = SharedPrefixes(reader.model, [s.input_ids for _, s in todo], checkpoints, names)
                     if todo:
                         print(
                             f"{reader.name} {task} {length}: {len(todo)} samples read "
@@ -212,6 +226,9 @@ def main() -> None:
                     else:
                         new = reader.generate(sample.input_ids, sample.extra["max_new_tokens"], pad)
                     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+                    resumed = shared.resumed.get(j) if shared is not None else None
+                    if resumed is not None:  # the runs before read the first `resumed.tokens` (a checkpoint)
+                        seconds, cpu_seconds = seconds + resumed.seconds, cpu_seconds + resumed.cpu_seconds
                     prediction = tokenizer.decode(new, skip_special_tokens=True)
                     correct = score(sample.extra["metric"], prediction, sample.answers)
                     row = {
@@ -225,6 +242,7 @@ def main() -> None:
                         "seconds_per_1k_tokens": 1000 * seconds / length,
                         "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
                         "shared_prefix_tokens": shared.source.get(j, (0, 0))[1] if shared else 0,
+                        "resumed_from_tokens": resumed.tokens if resumed is not None else 0,
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                         "peak_device_mb": (
                             torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else None

@@ -17,7 +17,7 @@ from hmt_adapters.compat import output_cache
 from hmt_adapters.evaluation import TASKS
 from hmt_adapters.evaluation.records import append_record, cell_table, load_records, record_key, wilson_interval
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
-from hmt_adapters.evaluation.shared_prefix import SharedPrefixes
+from hmt_adapters.evaluation.shared_prefix import Checkpoints, SharedPrefixes
 from hmt_adapters.memory import attend
 from hmt_adapters.methods.unimem import block_pages
 from hmt_adapters.methods.unimem import infllm as infllm_module
@@ -514,6 +514,46 @@ def test_prompts_sharing_a_beginning_read_it_once_and_answer_as_alone():
     assert [shared.generate(j, 6, 0) for j in range(len(prompts))] == alone
     assert shared.states == {}  # every kept state was used and dropped
     assert SharedPrefixes(model, prompts).generate(2, 6, 0) == alone[2]  # its source never ran: read from scratch
+
+
+def test_a_prompt_read_with_checkpoints_continues_from_the_last_one_after_a_stop(tmp_path, monkeypatch):
+    model = wrap(backbone())  # segments of 16
+    prompt = random_ids(1, 150, seed=6)[0].tolist()
+    alone = Reader("alone", model).generate(prompt, 6, 0)
+    checkpoints = Checkpoints(tmp_path, every=48)
+    saved, save = [], Checkpoints.save
+
+    class Stopped(Exception):
+        pass
+
+    def save_then_stop(self, name, prompt, state, tokens, spent):
+        save(self, name, prompt, state, tokens, spent)
+        saved.append((tokens, spent.tokens))
+        if tokens == 96:
+            raise Stopped  # the run ends mid-prompt, after its second checkpoint
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpoints, "save", save_then_stop)
+        with pytest.raises(Stopped):
+            SharedPrefixes(model, [prompt], checkpoints, ["p"]).generate(0, 6, 0)
+    assert saved == [(48, 48), (96, 96)] and checkpoints.path("p").exists()
+    read, step = [], model.step
+    monkeypatch.setattr(model, "step", lambda ids, *a, **k: read.append(ids.shape[1]) or step(ids, *a, **k))
+    again = SharedPrefixes(model, [prompt], checkpoints, ["p"])
+    assert again.generate(0, 6, 0) == alone  # the same answer as one uninterrupted read
+    assert again.resumed[0].tokens == 96 and again.resumed[0].cpu_seconds > 0
+    assert read == [144 - 96]  # from the checkpoint to the next one; generate reads the rest with the question
+    assert not checkpoints.path("p").exists()  # removed once answered
+    with monkeypatch.context() as patch:  # a checkpoint left behind (at 144): another prompt under its name refuses it
+        patch.setattr(Checkpoints, "drop", lambda self, name: None)
+        SharedPrefixes(model, [prompt], checkpoints, ["p"]).generate(0, 6, 0)
+    other = random_ids(1, 150, seed=7)[0].tolist()
+    with pytest.raises(ValueError, match=r"checkpoint .*p\.safetensors is not a state of this prompt's first tokens"):
+        SharedPrefixes(model, [other], checkpoints, ["p"]).generate(0, 6, 0)
+    with pytest.raises(ValueError, match=r"every 40 tokens: it must be a multiple of the segment length \(16\)"):
+        SharedPrefixes(model, [prompt], Checkpoints(tmp_path, every=40), ["p"])
+    with pytest.raises(ValueError, match="one distinct file name per prompt"):
+        SharedPrefixes(model, [prompt, other], checkpoints, ["p", "p"])
 
 
 def test_local_distances_stay_inside_the_trained_range_and_the_trace_names_the_blocks():
