@@ -240,7 +240,7 @@ def main() -> None:
                         "score": correct,
                         "seconds": seconds,
                         "seconds_per_1k_tokens": 1000 * seconds / length,
-                        "cpu_seconds": cpu_seconds,  # this process's CPU time: the cost on a shared machine
+                        "cpu_seconds": cpu_seconds,  # CPU time of the runs that read it: the cost on a shared machine
                         "shared_prefix_tokens": shared.source.get(j, (0, 0))[1] if shared else 0,
                         "resumed_from_tokens": resumed.tokens if resumed is not None else 0,
                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
