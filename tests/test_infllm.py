@@ -526,17 +526,17 @@ def test_a_prompt_read_with_checkpoints_continues_from_the_last_one_after_a_stop
     class Stopped(Exception):
         pass
 
-    def save_then_stop(self, name, prompt, state, tokens, spent):
-        save(self, name, prompt, state, tokens, spent)
-        saved.append((tokens, spent.tokens))
-        if tokens == 96:
+    def save_then_stop(self, name, prompt, state, progress):
+        save(self, name, prompt, state, progress)
+        saved.append(progress.tokens)
+        if progress.tokens == 96:
             raise Stopped  # the run ends mid-prompt, after its second checkpoint
 
     with monkeypatch.context() as patch:
         patch.setattr(Checkpoints, "save", save_then_stop)
         with pytest.raises(Stopped):
             SharedPrefixes(model, [prompt], checkpoints, ["p"]).generate(0, 6, 0)
-    assert saved == [(48, 48), (96, 96)] and checkpoints.path("p").exists()
+    assert saved == [48, 96] and checkpoints.path("p").exists()
     read, step = [], model.step
     monkeypatch.setattr(model, "step", lambda ids, *a, **k: read.append(ids.shape[1]) or step(ids, *a, **k))
     again = SharedPrefixes(model, [prompt], checkpoints, ["p"])

@@ -85,9 +85,9 @@ class Checkpoints:
             )
         return state, Progress(tokens, float(mark["seconds"]), float(mark["cpu_seconds"]))
 
-    def save(self, name: str, prompt: Sequence[int], state: MemoryState, tokens: int, spent: Progress) -> None:
-        """Write the state after the first `tokens` of the prompt; the file is replaced whole (a run stopped while
-        writing leaves the previous checkpoint)."""
+    def save(self, name: str, prompt: Sequence[int], state: MemoryState, progress: Progress) -> None:
+        """Write the state after the first `progress.tokens` of the prompt; the file is replaced whole (a run stopped
+        while writing leaves the previous checkpoint)."""
         Path(self.directory).mkdir(parents=True, exist_ok=True)
         marked = MemoryState(
             state.method,
@@ -98,10 +98,10 @@ class Checkpoints:
             {
                 **state.extras,
                 "checkpoint": {
-                    "tokens": tokens,
-                    "fingerprint": fingerprint(prompt[:tokens]),
-                    "seconds": spent.seconds,
-                    "cpu_seconds": spent.cpu_seconds,
+                    "tokens": progress.tokens,
+                    "fingerprint": fingerprint(prompt[: progress.tokens]),
+                    "seconds": progress.seconds,
+                    "cpu_seconds": progress.cpu_seconds,
                 },
             },
         )
@@ -194,7 +194,7 @@ class SharedPrefixes:
                 so_far = Progress(
                     point, spent.seconds + time.perf_counter() - wall, spent.cpu_seconds + time.process_time() - cpu
                 )
-                checkpoints.save(name, prompt, state, point, so_far)
+                checkpoints.save(name, prompt, state, so_far)
         answer = greedy(self.model, prompt[start:], max_new_tokens, pad_token_id, memory_state=state)
         if checkpoints is not None:
             checkpoints.drop(name)
