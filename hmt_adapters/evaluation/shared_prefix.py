@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -89,22 +89,13 @@ class Checkpoints:
         """Write the state after the first `progress.tokens` of the prompt; the file is replaced whole (a run stopped
         while writing leaves the previous checkpoint)."""
         Path(self.directory).mkdir(parents=True, exist_ok=True)
-        marked = MemoryState(
-            state.method,
-            state.tensors,
-            state.segments_seen,
-            state.pending_ids,
-            state.pending_mask,
-            {
-                **state.extras,
-                "checkpoint": {
-                    "tokens": progress.tokens,
-                    "fingerprint": fingerprint(prompt[: progress.tokens]),
-                    "seconds": progress.seconds,
-                    "cpu_seconds": progress.cpu_seconds,
-                },
-            },
-        )
+        mark = {
+            "tokens": progress.tokens,
+            "fingerprint": fingerprint(prompt[: progress.tokens]),
+            "seconds": progress.seconds,
+            "cpu_seconds": progress.cpu_seconds,
+        }
+        marked = replace(state, extras={**state.extras, "checkpoint": mark})  # the same tensors, marked
         path = self.path(name)
         partial = path.with_suffix(".partial")
         marked.save(partial)
