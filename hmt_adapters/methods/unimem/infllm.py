@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
-from ...memory.attend import head_mix, head_scores, query_slices
+from ...memory.attend import head_mix, head_scores, parts_attention, query_slices
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
 from .block_pages import BlockPages
 from .infllm_config import InfLLMConfig
@@ -220,8 +220,10 @@ class InfLLM(MemoryMethod):
             return scores.topk(k, dim=-1).indices.sort(dim=-1).values
         hits = _held(matched[:, None], count)  # [B, 1, N]: matched blocks rank first (each once)
         ranked = scores.masked_fill(hits, float("inf")).topk(k, dim=-1).indices  # best first
-        # k = topk_blocks + the matched entries that name a block (a repeated one: the next of InfLLM's ranking)
-        reads = (self.config.topk_blocks + (matched >= 0).sum(-1))[:, None, None].clamp_max(k)  # [B, 1, 1]
+        # k = topk_blocks + the matched entries that name a block (a repeated one: the next of InfLLM's ranking);
+        # without ranking (`topk_blocks=0`, `ranks_blocks`) the distinct matched blocks alone
+        named = (matched >= 0).sum(-1) if self.ranks_blocks else hits.sum(-1)[:, 0]
+        reads = (self.config.topk_blocks + named)[:, None, None].clamp_max(k)  # [B, 1, 1]
         unused = torch.arange(k, device=ranked.device) >= reads
         return ranked.masked_fill(unused, -1).sort(dim=-1).values
 
@@ -395,22 +397,17 @@ class InfLLM(MemoryMethod):
                 query_global = query
             global_part = (g_k, g_v.to(dtype), g_mask)
         global_parts = [part for part in (kept_part, global_part) if part is not None]
-        keys = tail_len + call.key.shape[2] + sum(part[0].shape[2] for part in global_parts)
-        outs, received = [], []
-        for rows in query_slices(q_len, batch * heads * keys):  # the logits a slice of queries at a time
-            sliced = [(query[:, :, rows], part) for part in local_parts]
-            if global_parts:
-                assert query_global is not None  # computed with the global part
-                sliced[:0] = [(query_global[:, :, rows], part) for part in global_parts]
-            probs = self._probabilities(sliced, rows, scaling, call.kwargs.get("softcap"))
-            mixed = [head_mix(p.to(dtype), part[1]) for p, (_, part) in zip(probs, sliced)]
-            outs.append(torch.stack(mixed).sum(0))
-            if layer in context.record_layers:  # attention each local key received, summed over queries
-                received.append(torch.cat([p.sum(2) for p in probs[-2:]], dim=-1))  # [B, Hq, tail + own]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        if layer in context.record_layers:  # closed segment: hand the local attention received to `update`
-            total = received[0] if len(received) == 1 else torch.stack(received).sum(0)
-            context.notes[layer] = (total[..., :tail_len], total[..., tail_len:][..., -q_len:])
+        softcap = call.kwargs.get("softcap")
+        received_needed = layer in context.record_layers and self.ranks_blocks
+        if self._one_kernel(query, query_global, global_parts, local_parts, softcap, received_needed):
+            out = parts_attention(query, global_parts + local_parts, scaling)
+            if layer in context.record_layers:  # nothing ranks blocks by their representatives (`ranks_blocks`)
+                zeros = torch.zeros(batch, heads, tail_len + q_len, device=query.device)
+                context.notes[layer] = (zeros[..., :tail_len], zeros[..., tail_len:])
+        else:
+            out = self._sliced_read(
+                layer, context, query, query_global, global_parts, local_parts, scaling, softcap, received_needed
+            )
         if self.trace is not None:
             positions = call.kwargs.get("position_ids")
             last = int(positions.max()) if positions is not None else call.key.shape[2] - 1
@@ -425,6 +422,66 @@ class InfLLM(MemoryMethod):
                 }
             )
         return out.transpose(1, 2).contiguous(), None
+
+    @property
+    def ranks_blocks(self) -> bool:
+        """Whether chunks rank blocks by their representatives (`topk_blocks` > 0): only then is the attention
+        each local token received scored while it is in the window (InfLLM §3.2). With `topk_blocks=0` a chunk
+        reads the question-aware blocks alone, and its attention runs in one fused kernel (`parts_attention`)."""
+        return self.config.topk_blocks > 0
+
+    @staticmethod
+    def _one_kernel(
+        query: torch.Tensor,
+        query_global: torch.Tensor | None,
+        global_parts: list[Part],
+        local_parts: list[Part],
+        softcap: float | None,
+        received_needed: bool,
+    ) -> bool:
+        """Whether this call's joint softmax can run as one SDPA call (`parts_attention`): one query reads every
+        part (`block_positions="ordered"`, or no global part), no gradient flows, no logit soft-cap, and nobody
+        needs the attention each local key received (InfLLM's representative scores, `ranks_blocks`)."""
+        one_query = not global_parts or query_global is query
+        parts = global_parts + local_parts
+        grad = torch.is_grad_enabled() and (query.requires_grad or any(k.requires_grad for k, _, _ in parts))
+        return one_query and not grad and not softcap and not received_needed
+
+    def _sliced_read(
+        self,
+        layer: int,
+        context: AttentionContext,
+        query: torch.Tensor,
+        query_global: torch.Tensor | None,
+        global_parts: list[Part],
+        local_parts: list[Part],
+        scaling: float,
+        softcap: float | None,
+        received_needed: bool,
+    ) -> torch.Tensor:
+        """The joint softmax (eq. 1) a slice of queries at a time through explicit matmuls, `[B, Hq, q, D]`: the
+        global parts read by `query_global`, the local ones by `query`. With `received_needed`, hands `update` the
+        attention each local key received, summed over the queries (`context.notes[layer]`)."""
+        batch, heads, q_len, _ = query.shape
+        tail_len = local_parts[0][0].shape[2]
+        keys = sum(part[0].shape[2] for part in global_parts + local_parts)
+        outs, received = [], []
+        for rows in query_slices(q_len, batch * heads * keys):  # the logits a slice of queries at a time
+            sliced = [(query[:, :, rows], part) for part in local_parts]
+            if global_parts:
+                assert query_global is not None  # computed with the global part
+                sliced[:0] = [(query_global[:, :, rows], part) for part in global_parts]
+            probs = self._probabilities(sliced, rows, scaling, softcap)
+            mixed = [head_mix(p.to(query.dtype), part[1]) for p, (_, part) in zip(probs, sliced)]
+            outs.append(torch.stack(mixed).sum(0))
+            if layer in context.record_layers:  # attention each local key received, summed over queries
+                received.append(torch.cat([p.sum(2) for p in probs[-2:]], dim=-1))  # [B, Hq, tail + own]
+        if layer in context.record_layers:  # closed segment: hand the local attention received to `update`
+            total = received[0] if len(received) == 1 else torch.stack(received).sum(0)
+            if not received_needed:
+                total = torch.zeros_like(total)  # as the fused path hands it: a state whatever path read it
+            context.notes[layer] = (total[..., :tail_len], total[..., tail_len:][..., -q_len:])
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     @staticmethod
     def _traced(chosen: torch.Tensor | None, kept: torch.Tensor | None) -> list[list[int]]:
