@@ -354,7 +354,8 @@ def test_token_match_in_view_reads_no_block_for_words_the_window_holds():
     passage in view that holds them outranks a look-alike in memory, and no block is read for it (on `niah_multikey`
     the asked-for needle in the window lost to a stored distractor sharing its template); text that leaves the
     window when the answer's segment opens does not count. A matched block whose successor is not stored is read
-    alone (with `topk_blocks=0`: no block of InfLLM's ranking fills the slot). Off, the old ranking, unchanged."""
+    alone (with `topk_blocks=0`: no block of InfLLM's ranking fills the slot, in view or not). Off, the old
+    ranking."""
     model = wrap(backbone(), match_blocks=1, match_queries=4, match_score="tokens", topk_blocks=0, match_in_view=True)
     method = model.memory
     ids = random_ids(1, 300, seed=2) % 80
@@ -391,7 +392,7 @@ def test_token_match_in_view_reads_no_block_for_words_the_window_holds():
     model.memory_config.match_in_view = False  # the stored blocks alone: the look-alike, and the last block twice
     assert read(in_view)[1:] == ([[11, 12]], {(11, 12)})
     _, matched, selected = read(at_end)
-    assert matched == [[last, last]] and all(last in s and len(s) == 2 for s in selected)  # a ranked block too
+    assert matched == [[last, last]] and selected == {(last,)}  # once: with topk_blocks=0 no ranked block fills in
     with pytest.raises(ValueError, match="`match_in_view`.*match_score='tokens'.*'attention'"):
         wrap(backbone(), match_blocks=1, match_in_view=True)
     keys, values, valid = method.gather_global(1, tensors, torch.tensor([[[-1, 3]]]), torch.device("cpu"))
@@ -851,6 +852,47 @@ def test_query_slices_give_the_same_attention(monkeypatch):
         monkeypatch.setattr(attend, "QUERY_SLICE_FLOATS", 4 * 100)  # a few queries per slice
         sliced = model(input_ids=ids).logits
     torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_one_kernel_read_gives_the_sliced_reads_logits_and_tokens(monkeypatch, padded):
+    """With nothing ranking blocks by their representatives (`topk_blocks=0`) and one query for every part
+    (`block_positions="ordered"`), a chunk's joint softmax runs as one SDPA call (`parts_attention`): the explicit
+    sliced read's logits and greedy tokens, in a left-padded batch too (a query that sees no key gets a uniform
+    row, as the explicit softmax gives it: no NaN)."""
+    model = wrap(
+        backbone(),
+        topk_blocks=0,
+        match_blocks=1,
+        match_score="tokens",
+        match_neighbours="both",
+        block_positions="ordered",
+        keep_question_blocks=False,
+    )
+    ids = random_ids(2, 230, seed=11)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :70] = 0
+    calls = []
+    fused_attention = infllm_module.parts_attention
+    monkeypatch.setattr(infllm_module, "parts_attention", lambda *a: calls.append(a[0].shape) or fused_attention(*a))
+
+    def run():
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        tokens = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        return logits, tokens
+
+    fused, fused_tokens = run()
+    assert {shape[2] for shape in calls} == {16, 6, 1}  # every chunk (230 = 14 x 16 + 6) and decoding step
+    calls.clear()
+    monkeypatch.setattr(InfLLM, "_one_kernel", staticmethod(lambda *args: False))
+    sliced, sliced_tokens = run()
+    assert not calls
+    assert torch.isfinite(fused).all()
+    real = mask.bool()
+    torch.testing.assert_close(fused[real], sliced[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(fused_tokens, sliced_tokens)
 
 
 def test_smollm2_answers_a_needle_it_retrieved_from_memory():
