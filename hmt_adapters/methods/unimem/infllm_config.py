@@ -43,7 +43,9 @@ class InfLLMConfig(MemoryConfig):
         representative_keys (`int`, defaults to 4):
             Keys that represent a block (`repr_topk`, §3.2): per query head, the block's tokens that received the
             most local attention while they were in the window; their keys are averaged.
-        topk_blocks (`int`, defaults to 16): Blocks retrieved per chunk and memory layer (`topk`, §3.2).
+        topk_blocks (`int`, defaults to 16): Blocks retrieved per chunk and memory layer (`topk`, §3.2). `0`: none
+            ranked; with `match_blocks` the question-aware blocks alone (each once), the representatives are not
+            scored, and with `block_positions="ordered"` every chunk's attention runs in one SDPA call.
         select_per (`str`, defaults to `"layer"`):
             `"layer"`: one block ranking per layer, the score summed over all heads (InfLLM); `"kv_head"`: one
             ranking per key/value head (the heads of its group summed).
