@@ -115,7 +115,8 @@ def infllm(rows: list[dict] | None = None) -> str | None:
     commits = ", ".join(f"`{c[:10]}`" for c in sorted({r["commit"] for r in rows if r.get("commit")}))
     devices = ", ".join(sorted({r.get("device", "cpu") for r in rows}))
     return (
-        f"`python benchmarks/infllm.py --table` (SmolLM2-135M-Instruct, trained context 8192; fp32 on {devices}; "
+        f"`python benchmarks/infllm.py --table` (SmolLM2-135M-Instruct, trained context 8192; fp32 weights unless "
+        f"a reader says otherwise, on {devices}; "
         f"commits {commits}): greedy answers of the bare model reading its last 8192 tokens, and of "
         '`wrap_with_memory(base, "infllm")` (no training) reading the whole prompt'
         + "".join(f"; `{name}`: {fields}" for name, fields in variant_fields(rows).items())
@@ -134,7 +135,9 @@ def variant_fields(rows: list[dict]) -> dict[str, str]:
         if row["reader"] in ("backbone", "infllm") or row["reader"] in out or not row.get("config"):
             continue
         changed = {k: v for k, v in row["config"].items() if k in defaults and defaults[k] != v}
-        out[row["reader"]] = ", ".join(f"`{k}={v!r}`" for k, v in sorted(changed.items())) or "the defaults"
+        fields = ", ".join(f"`{k}={v!r}`" for k, v in sorted(changed.items())) or "the defaults"
+        dtype = row.get("dtype", "float32")
+        out[row["reader"]] = fields + ("" if dtype == "float32" else f", weights in {dtype}")
     return out
 
 
