@@ -126,7 +126,8 @@ def infllm(rows: list[dict] | None = None) -> str | None:
 
 
 def variant_fields(rows: list[dict]) -> dict[str, str]:
-    """For each memory reader other than `infllm`, the config fields its records differ in from the defaults."""
+    """For each memory reader other than `infllm`, the config fields its records differ in from the defaults (a
+    `store_disk` directory by what it does, not its path) and the weights' dtype where not fp32."""
     import hmt_adapters as ha
 
     defaults = ha.InfLLMConfig().to_dict()
@@ -135,7 +136,13 @@ def variant_fields(rows: list[dict]) -> dict[str, str]:
         if row["reader"] in ("backbone", "infllm") or row["reader"] in out or not row.get("config"):
             continue
         changed = {k: v for k, v in row["config"].items() if k in defaults and defaults[k] != v}
-        fields = ", ".join(f"`{k}={v!r}`" for k, v in sorted(changed.items())) or "the defaults"
+        fields = (
+            ", ".join(
+                "`store_disk` (blocks in memory-mapped files)" if k == "store_disk" else f"`{k}={v!r}`"  # a local path
+                for k, v in sorted(changed.items())
+            )
+            or "the defaults"
+        )
         dtype = row.get("dtype", "float32")
         out[row["reader"]] = fields + ("" if dtype == "float32" else f", weights in {dtype}")
     return out
