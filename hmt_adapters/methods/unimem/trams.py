@@ -35,12 +35,14 @@ def trams_scores(
     """
     batch, kv_heads, size, head_dim = keys.shape
     width = w_q.shape[-1]
-    w = w_q.float().view(num_heads, head_dim, width)
+    # float64, rounded to float32 at the end: a slot's score then does not depend on which slots it is scored with
+    # (float32 matmul kernels round differently with the pool's size), and equal keys score exactly equal
+    w = w_q.double().view(num_heads, head_dim, width)
     if norm_weight is not None:
-        w = w * norm_weight.float()  # W_{q,h} diag(gamma): K'' = gamma * K'
+        w = w * norm_weight.double()  # W_{q,h} diag(gamma): K'' = gamma * K'
     a = w.sum(-1)  # [Hq, Dh]
     gram = w @ w.transpose(1, 2)  # [Hq, Dh, Dh]
-    k = keys.float().repeat_interleave(num_heads // kv_heads, dim=1)  # [B, Hq, M, Dh]
+    k = keys.double().repeat_interleave(num_heads // kv_heads, dim=1)  # [B, Hq, M, Dh]
     ones_dot = torch.einsum("bhmd,hd->bhm", k, a)
     norm = torch.einsum("bhmd,hde,bhme->bhm", k, gram, k).clamp_min(0).sqrt()
     if score == "code":
@@ -53,7 +55,7 @@ def trams_scores(
         raise ValueError(f"`score` must be one of ['code', 'paper', 'norm'], got {score!r}.")
     if select_per == "kv_head":
         out = out.view(batch, kv_heads, num_heads // kv_heads, size).sum(2)
-    return out
+    return out.float()
 
 
 def trams_select(scores: torch.Tensor, valid: torch.Tensor, recent_keep: int, select_size: int) -> torch.Tensor:
@@ -61,7 +63,8 @@ def trams_select(scores: torch.Tensor, valid: torch.Tensor, recent_keep: int, se
     docs/attention_memory.md).
 
     The pool is right-aligned (oldest first, empty slots in front). The newest `recent_keep` slots are always
-    kept; the other `select_size - recent_keep` are the highest `scores` `[B, H, M]` among the older valid slots.
+    kept; the other `select_size - recent_keep` are the highest `scores` `[B, H, M]` among the older valid slots
+    (of equal scores, the older slot).
     When fewer valid slots are eligible, empty slots fill the rest (they stay masked by `valid`). Indices carry
     no gradient.
     """
@@ -69,6 +72,7 @@ def trams_select(scores: torch.Tensor, valid: torch.Tensor, recent_keep: int, se
     recent = min(recent_keep, size)
     top = min(select_size - recent, size - recent)
     older = scores[..., : size - recent].detach().masked_fill(~valid[:, None, : size - recent], float("-inf"))
-    chosen = older.topk(top, dim=-1).indices.sort(dim=-1).values
+    # a stable sort: of equal scores (equal keys), the older slot, whichever slots were scored
+    chosen = older.sort(dim=-1, descending=True, stable=True).indices[..., :top].sort(dim=-1).values
     newest = torch.arange(size - recent, size, device=scores.device).expand(*scores.shape[:2], recent)
     return torch.cat([chosen, newest], dim=-1)
