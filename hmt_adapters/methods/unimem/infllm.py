@@ -401,12 +401,14 @@ class InfLLM(MemoryMethod):
         received_needed = layer in context.record_layers and self.ranks_blocks
         if self._one_kernel(query, query_global, global_parts, local_parts, softcap, received_needed):
             out = parts_attention(query, global_parts + local_parts, scaling)
-            if layer in context.record_layers:  # nothing ranks blocks by their representatives (`ranks_blocks`)
-                self._no_received(context, layer, query, tail_len)
         else:
             out = self._sliced_read(
                 layer, context, query, query_global, global_parts, local_parts, scaling, softcap, received_needed
             )
+        if layer in context.record_layers and not received_needed:  # closed segment, no block ranked: zeros for
+            # `update` whichever read ran, so the state does not depend on the path (`ranks_blocks`)
+            zeros = torch.zeros(batch, heads, tail_len + q_len, device=query.device)
+            context.notes[layer] = (zeros[..., :tail_len], zeros[..., tail_len:])
         if self.trace is not None:
             positions = call.kwargs.get("position_ids")
             last = int(positions.max()) if positions is not None else call.key.shape[2] - 1
@@ -460,8 +462,7 @@ class InfLLM(MemoryMethod):
     ) -> torch.Tensor:
         """The joint softmax (eq. 1) a slice of queries at a time through explicit matmuls, `[B, Hq, q, D]`: the
         global parts read by `query_global`, the local ones by `query`. With `received_needed`, hands `update` the
-        attention each local key received, summed over the queries (`context.notes[layer]`); else, in a recorded
-        layer, zeros."""
+        attention each local key received, summed over the queries (`context.notes[layer]`)."""
         batch, heads, q_len, _ = query.shape
         tail_len = local_parts[0][0].shape[2]
         keys = sum(part[0].shape[2] for part in global_parts + local_parts)
@@ -479,17 +480,7 @@ class InfLLM(MemoryMethod):
         if received_needed:  # closed segment: hand the local attention received to `update`
             total = received[0] if len(received) == 1 else torch.stack(received).sum(0)
             context.notes[layer] = (total[..., :tail_len], total[..., tail_len:][..., -q_len:])
-        elif layer in context.record_layers:  # no representative is ranked: zeros, as the fused read hands them
-            self._no_received(context, layer, query, tail_len)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-    @staticmethod
-    def _no_received(context: AttentionContext, layer: int, query: torch.Tensor, tail_len: int) -> None:
-        """`update`'s received attention for a closed segment when no block is ranked by representatives
-        (`ranks_blocks`): zeros, whichever read ran, so the state does not depend on the path."""
-        batch, heads, q_len, _ = query.shape
-        zeros = torch.zeros(batch, heads, tail_len + q_len, device=query.device)
-        context.notes[layer] = (zeros[..., :tail_len], zeros[..., tail_len:])
 
     @staticmethod
     def _traced(chosen: torch.Tensor | None, kept: torch.Tensor | None) -> list[list[int]]:
