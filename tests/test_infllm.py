@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 import torch
@@ -136,7 +137,8 @@ def test_representative_key_is_the_mean_of_the_most_attended_keys():
     state["tail.valid"] = torch.ones(1, 12, dtype=torch.bool)
     for i in method.layers:
         state[f"tail.k.{i}"], state[f"tail.v.{i}"], state[f"tail.score.{i}"] = keys, keys.clone(), score
-    out = method._cut_block(state)
+    out = dict(state)
+    method._cut_block(out)  # rewrites the copy it is given
     torch.testing.assert_close(out["repr.0"][0, 0, 0], keys[0, 0, [3, 6]].mean(0))  # head 0 reads kv head 0
     best = score[0, 3, :8].topk(2).indices
     torch.testing.assert_close(out["repr.1"][0, 3, 0], keys[0, 1, best].mean(0))  # head 3 reads kv head 1
@@ -729,6 +731,39 @@ def test_blocks_past_the_ram_budget_live_in_memory_mapped_files_and_read_the_sam
     on_disk.save_pretrained(tmp_path / "adapter")  # where this process keeps its store is not saved
     saved = json.loads((tmp_path / "adapter" / "memory_config.json").read_text())
     assert "store_disk" not in saved and "store_ram_gb" not in saved
+
+
+def _resident_kib(directory) -> dict[str, int]:
+    """Resident KiB of each mapped (deleted) file in `directory`, by file name, from /proc/self/smaps."""
+    out, name = {}, None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                name = fields[5] if len(fields) > 5 and fields[5].startswith(str(directory)) else None
+            elif name is not None and fields[0] == "Rss:":
+                out[name] = out.get(name, 0) + int(fields[1])
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page residency is read from Linux's /proc")
+def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path):
+    pages = block_pages.BlockPages(str(tmp_path), page_bytes=64 * 1024)
+    blocks = [torch.randn(4, 1000) for _ in range(12)]  # 16 KB each: four to a page, three pages
+    placed = [pages.place(b) for b in blocks]
+    files = [placed[i].untyped_storage().filename for i in (0, 4, 8)]
+
+    def resident() -> list[int]:
+        found = _resident_kib(tmp_path)
+        return [found.get(f) for f in files]
+
+    assert resident() == [0, 0, 64]  # only the page being filled
+    assert all(torch.equal(p, b) for p, b in zip(placed, blocks))  # reads map the dropped pages back
+    assert resident() == [64, 64, 64]
+    assert pages.release_full_pages() == 2 and resident() == [0, 0, 64]
+    del placed[:4]  # the first page's blocks are gone: its mapping goes with them
+    assert pages.release_full_pages() == 1 and resident() == [None, 0, 64]
+    assert all(torch.equal(p, b) for p, b in zip(placed, blocks[4:]))
 
 
 @pytest.mark.parametrize(

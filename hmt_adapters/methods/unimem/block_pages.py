@@ -15,18 +15,40 @@ a tensor into the page being filled and returns a CPU view of it.
   process that ends or fails.
 
 Pages are touched only where written (the system commits memory on first write), so the page being filled costs
-what it holds.
+what it holds. A file page that is full is dropped from the process's page tables (`madvise(MADV_DONTNEED)`, Linux):
+its contents stay in the file and the system's page cache, and a read maps back only what it touches. Kept mapped,
+every block written stayed in the process's resident set, and a 1M-token read's resident set counted its whole
+11 GB store (docs/infllm.md, "A million tokens").
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import tempfile
+import weakref
 
 import torch
 
 PAGE_BYTES = 64 * 2**20  # one page (one allocation or one file) per 64 MB of blocks
 ALIGN = 64  # byte alignment of every placed tensor (any dtype's element size divides it)
+MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+
+
+def _libc_madvise():
+    """libc's `madvise`, or None where there is none to call (not Linux, or no libc found)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return madvise
+
+
+_MADVISE = _libc_madvise()
 
 
 class BlockPages:
@@ -37,6 +59,20 @@ class BlockPages:
         self.page_bytes = page_bytes
         self._page: torch.Tensor | None = None  # uint8 [page_bytes] of the page being filled
         self._used = 0
+        self._full: list[weakref.ref] = []  # storages of the full file pages that blocks still view
+
+    def release_full_pages(self) -> int:
+        """Drop every full file page from the process's resident set (see the module docstring); the next read of
+        a block maps back what it touches. Returns the number of pages dropped (0 in RAM or off Linux)."""
+        alive = [ref for ref in self._full if ref() is not None]
+        self._full = alive
+        if _MADVISE is None:
+            return 0
+        for ref in alive:
+            storage = ref()
+            if storage is not None:
+                _MADVISE(storage.data_ptr(), storage.nbytes(), MADV_DONTNEED)
+        return len(alive)
 
     def __deepcopy__(self, memo: dict) -> BlockPages:
         """A copied model gets a store of its own; blocks already placed stay where they are (their states hold
@@ -44,6 +80,9 @@ class BlockPages:
         return BlockPages(self.directory, self.page_bytes)
 
     def _new_page(self, nbytes: int) -> None:
+        if self.directory is not None and self._page is not None:
+            self._full.append(weakref.ref(self._page.untyped_storage()))
+            self.release_full_pages()
         size = max(self.page_bytes, nbytes)
         if self.directory is None:
             self._page = torch.empty(size, dtype=torch.uint8)

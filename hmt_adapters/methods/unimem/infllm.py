@@ -695,25 +695,27 @@ class InfLLM(MemoryMethod):
             and window_from >= self.sinks
             and stored - out["tail.valid"].shape[1] == 0
         ):
-            out = self._move(out, "sink", self.sinks)
+            self._move(out, "sink", self.sinks)
         if out["sink.valid"].shape[1] or not self.sinks:
             while stored - out["tail.valid"].shape[1] + self.block <= window_from:
-                out = self._cut_block(out)
+                self._cut_block(out)
         return out
 
-    def _move(self, state: State, part: str, count: int) -> State:
+    # `_move` and `_cut_block` rewrite entries of `update`'s own copy of the state in place: one copy of the mapping
+    # per chunk, not one per block cut (at 1M tokens the mapping holds ~1M entries, and the copies freed at every
+    # cut fragmented the C heap by gigabytes; docs/infllm.md, "A million tokens").
+
+    def _move(self, out: State, part: str, count: int) -> None:
         """The first `count` tail tokens become the sinks."""
-        out = dict(state)
-        out[f"{part}.valid"] = state["tail.valid"][:, :count]
-        out["tail.valid"] = state["tail.valid"][:, count:]
-        if "tail.ids" in state:  # sinks are never matched: their ids are not kept
-            out["tail.ids"] = state["tail.ids"][:, count:]
+        tail_valid = out["tail.valid"]
+        out[f"{part}.valid"], out["tail.valid"] = tail_valid[:, :count], tail_valid[:, count:]
+        if "tail.ids" in out:  # sinks are never matched: their ids are not kept
+            out["tail.ids"] = out["tail.ids"][:, count:]
         for i in self.layers:
             for kv in ("k", "v"):
-                out[f"{part}.{kv}.{i}"] = state[f"tail.{kv}.{i}"][:, :, :count]
-                out[f"tail.{kv}.{i}"] = state[f"tail.{kv}.{i}"][:, :, count:]
-            out[f"tail.score.{i}"] = state[f"tail.score.{i}"][:, :, count:]
-        return out
+                tail = out[f"tail.{kv}.{i}"]
+                out[f"{part}.{kv}.{i}"], out[f"tail.{kv}.{i}"] = tail[:, :, :count], tail[:, :, count:]
+            out[f"tail.score.{i}"] = out[f"tail.score.{i}"][:, :, count:]
 
     def _store_block(self, out: State, layer: int, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Block `index` of `layer` into `out`: quantized for the int8 store, on `store_device`; on the CPU in
@@ -733,27 +735,26 @@ class InfLLM(MemoryMethod):
                 x = self.pages.place(x)
             out[f"block.{name}.{layer}.{index}"] = x
 
-    def _cut_block(self, state: State) -> State:
+    def _cut_block(self, out: State) -> None:
         """The first `block_size` tail tokens become a block with one representative key per query head."""
         size, heads, kv_heads = self.block, self.backbone.num_heads, self.backbone.num_kv_heads
-        index = num_blocks(state, self.layers[0])
-        out = dict(state)
-        valid = state["tail.valid"][:, :size]
-        out[f"block.valid.{index}"] = valid
-        out["tail.valid"] = state["tail.valid"][:, size:]
-        if "tail.ids" in state:
-            out[f"block.ids.{index}"] = state["tail.ids"][:, :size].clone()  # own storage, as the keys'
-            out["tail.ids"] = state["tail.ids"][:, size:]
+        index = num_blocks(out, self.layers[0])
+        tail_valid = out["tail.valid"]
+        valid = tail_valid[:, :size]
+        out[f"block.valid.{index}"], out["tail.valid"] = valid, tail_valid[:, size:]
+        if "tail.ids" in out:
+            tail_ids = out["tail.ids"]
+            out[f"block.ids.{index}"] = tail_ids[:, :size].clone()  # own storage, as the keys'
+            out["tail.ids"] = tail_ids[:, size:]
         for i in self.layers:
-            k, v = state[f"tail.k.{i}"], state[f"tail.v.{i}"]
+            k, v, tail_score = out[f"tail.k.{i}"], out[f"tail.v.{i}"], out[f"tail.score.{i}"]
             block_k, block_v = k[:, :, :size].clone(), v[:, :, :size].clone()  # own storage: the tail is freed
             self._store_block(out, i, index, block_k, block_v)
             out[f"tail.k.{i}"], out[f"tail.v.{i}"] = k[:, :, size:], v[:, :, size:]
-            score = state[f"tail.score.{i}"][:, :, :size].masked_fill(~valid[:, None, :], float("-inf"))
-            out[f"tail.score.{i}"] = state[f"tail.score.{i}"][:, :, size:]
+            score = tail_score[:, :, :size].masked_fill(~valid[:, None, :], float("-inf"))
+            out[f"tail.score.{i}"] = tail_score[:, :, size:]
             top = score.topk(self.config.representative_keys, dim=-1).indices  # [B, Hq, r]
             per_head = block_k.float().repeat_interleave(heads // kv_heads, dim=1)  # [B, Hq, block, D]
             chosen = per_head.gather(2, top[..., None].expand(-1, -1, -1, per_head.shape[-1]))
-            rep = chosen.mean(2)[:, :, None].to(state[f"repr.{i}"].dtype)  # [B, Hq, 1, D]
-            out[f"repr.{i}"] = torch.cat([state[f"repr.{i}"], rep], dim=2)
-        return out
+            rep = chosen.mean(2)[:, :, None].to(out[f"repr.{i}"].dtype)  # [B, Hq, 1, D]
+            out[f"repr.{i}"] = torch.cat([out[f"repr.{i}"], rep], dim=2)
