@@ -733,6 +733,27 @@ def test_blocks_past_the_ram_budget_live_in_memory_mapped_files_and_read_the_sam
     assert "store_disk" not in saved and "store_ram_gb" not in saved
 
 
+def test_growing_append_equals_cat_reuses_its_buffer_and_keeps_branches_apart():
+    from hmt_adapters.methods.unimem.growing import append
+
+    x, reference, views = torch.zeros(2, 3, 0, 4, dtype=torch.bfloat16), torch.zeros(2, 3, 0, 4), []
+    for i in range(50):
+        row = torch.randn(2, 3, 1, 4)
+        x, reference = append(x, row, dim=2), torch.cat([reference, row.bfloat16().float()], dim=2)
+        views.append(x)
+        assert x.dtype == torch.bfloat16 and torch.equal(x.float(), reference)
+    buffers = {v.untyped_storage().data_ptr() for v in views}
+    assert len(buffers) <= 4  # rooms of 16, 34, 70: a copy per doubling, not per row
+    older = views[19]  # a branch from an older state: its rows are copied, the later views keep theirs
+    branch = append(older, torch.full((2, 3, 1, 4), 7.0), dim=2)
+    assert branch.untyped_storage().data_ptr() not in buffers and torch.equal(branch[:, :, :20], older)
+    assert torch.equal(views[30].float(), reference[:, :, :31]) and bool((branch[:, :, 20] == 7).all())
+    leaf = torch.zeros(1, 2, requires_grad=True)
+    grown = append(leaf, torch.ones(1, 1), dim=1)  # under autograd: torch.cat, gradients flow
+    grown.sum().backward()
+    assert torch.equal(leaf.grad, torch.ones(1, 2))
+
+
 def _resident_kib(directory) -> dict[str, int]:
     """Resident KiB of each mapped (deleted) file in `directory`, by file name, from /proc/self/smaps."""
     out, name = {}, None

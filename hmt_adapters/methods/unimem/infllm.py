@@ -31,6 +31,7 @@ import torch
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
 from ...memory.attend import head_mix, head_scores, parts_attention, query_slices
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
+from . import growing
 from .block_pages import BlockPages
 from .infllm_config import InfLLMConfig
 from .reading import rotate_at
@@ -756,5 +757,5 @@ class InfLLM(MemoryMethod):
             top = score.topk(self.config.representative_keys, dim=-1).indices  # [B, Hq, r]
             per_head = block_k.float().repeat_interleave(heads // kv_heads, dim=1)  # [B, Hq, block, D]
             chosen = per_head.gather(2, top[..., None].expand(-1, -1, -1, per_head.shape[-1]))
-            rep = chosen.mean(2)[:, :, None].to(out[f"repr.{i}"].dtype)  # [B, Hq, 1, D]
-            out[f"repr.{i}"] = torch.cat([out[f"repr.{i}"], rep], dim=2)
+            rep = chosen.mean(2)[:, :, None]  # [B, Hq, 1, D]
+            out[f"repr.{i}"] = growing.append(out[f"repr.{i}"], rep, dim=2)  # amortised: not a copy per block
