@@ -736,16 +736,22 @@ class InfLLM(MemoryMethod):
                 x = self.pages.place(x)
             out[f"block.{name}.{layer}.{index}"] = x
 
+    def _keep(self, x: torch.Tensor) -> torch.Tensor:
+        """A copy of `x` with storage of its own: in a RAM page on the CPU (block_pages.py), else a clone."""
+        return self.pages.place(x) if x.device.type == "cpu" and not x.requires_grad else x.clone()
+
     def _cut_block(self, out: State) -> None:
         """The first `block_size` tail tokens become a block with one representative key per query head."""
         size, heads, kv_heads = self.block, self.backbone.num_heads, self.backbone.num_kv_heads
         index = num_blocks(out, self.layers[0])
         tail_valid = out["tail.valid"]
         valid = tail_valid[:, :size]
-        out[f"block.valid.{index}"], out["tail.valid"] = valid, tail_valid[:, size:]
+        # a block's flags and ids in pages too (own storage, as the keys'): a view of the tail would keep each
+        # chunk's tail buffer alive, and a small allocation per block pins holes in the C heap
+        out[f"block.valid.{index}"], out["tail.valid"] = self._keep(valid), tail_valid[:, size:]
         if "tail.ids" in out:
             tail_ids = out["tail.ids"]
-            out[f"block.ids.{index}"] = tail_ids[:, :size].clone()  # own storage, as the keys'
+            out[f"block.ids.{index}"] = self._keep(tail_ids[:, :size])
             out["tail.ids"] = tail_ids[:, size:]
         for i in self.layers:
             k, v, tail_score = out[f"tail.k.{i}"], out[f"tail.v.{i}"], out[f"tail.score.{i}"]
