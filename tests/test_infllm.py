@@ -737,7 +737,7 @@ def test_growing_append_equals_cat_reuses_its_buffer_and_keeps_branches_apart():
     from hmt_adapters.methods.unimem.growing import append
 
     x, reference, views = torch.zeros(2, 3, 0, 4, dtype=torch.bfloat16), torch.zeros(2, 3, 0, 4), []
-    for i in range(50):
+    for _ in range(50):
         row = torch.randn(2, 3, 1, 4)
         x, reference = append(x, row, dim=2), torch.cat([reference, row.bfloat16().float()], dim=2)
         views.append(x)
