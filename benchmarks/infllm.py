@@ -119,7 +119,8 @@ def deepest_first_then_by_depth(todo: list[tuple[dict, Any]]) -> list[tuple[dict
 def cost_and_recall(rows: list[dict[str, Any]]) -> str:
     """Per (reader, task, length): wall and CPU seconds per 1k prompt tokens the sample read itself (a sample that
     continued from a shared haystack beginning read fewer: `shared_prefix_tokens`), answer generation included, as
-    sums over the cell; the largest peak RSS seen; and, for memory readers, how many of the layers had every
+    sums over the cell; the largest peak RSS seen (and the newest commit's largest, where its samples peaked over 10%
+    lower: a cell keeps the samples of every commit that measured it); and, for memory readers, how many of the layers had every
     answer-holding needle readable at the question (retrieval recall@k per layer; mean and minimum over samples)."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
@@ -137,6 +138,9 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
         timed = [(r["cpu_seconds"], n) for r, n in zip(group, read) if r.get("cpu_seconds") is not None]
         cpu = 1000 * sum(c for c, _ in timed) / sum(n for _, n in timed) if timed else None
         rss = max(r.get("peak_rss_mb", 0) for r in group) / 1024
+        newest = group[-1].get("commit")
+        newest_rss = max(r.get("peak_rss_mb", 0) for r in group if r.get("commit") == newest) / 1024
+        rss_text = f"{rss:.2f}" if newest_rss >= 0.9 * rss else f"{rss:.2f} ({newest_rss:.2f} at `{newest[:10]}`)"
         recall = [r["recall"] for r in group if r.get("recall")]
         found = (
             f"{sum(x['layers_found'] for x in recall) / len(recall):.1f} / {recall[0]['layers']}, "
@@ -147,7 +151,7 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
         cpu_text = f"{cpu:.1f} (n={len(timed)})" if cpu is not None else "-"
         lines.append(
             f"| `{reader}` | {task} | {length // 1024}k | {device} | {len(group)} | {wall:.1f} | {cpu_text} | "
-            f"{rss:.2f} | {found} |"
+            f"{rss_text} | {found} |"
         )
     return "\n".join(lines)
 
