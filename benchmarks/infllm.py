@@ -120,8 +120,9 @@ def cost_and_recall(rows: list[dict[str, Any]]) -> str:
     """Per (reader, task, length): wall and CPU seconds per 1k prompt tokens the sample read itself (a sample that
     continued from a shared haystack beginning read fewer: `shared_prefix_tokens`), answer generation included, as
     sums over the cell; the largest peak RSS seen (and the newest commit's largest, where its samples peaked over 10%
-    lower: a cell keeps the samples of every commit that measured it); and, for memory readers, how many of the layers had every
-    answer-holding needle readable at the question (retrieval recall@k per layer; mean and minimum over samples)."""
+    lower: a cell keeps the samples of every commit that measured it); and, for memory readers, how many of the
+    layers had every answer-holding needle readable at the question (retrieval recall@k per layer; mean and minimum
+    over samples)."""
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         cells.setdefault((row["reader"], row["task"], int(row["length"]), row.get("device", "cpu")), []).append(row)
