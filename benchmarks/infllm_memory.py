@@ -1,8 +1,9 @@
 """Where a long InfLLM read's resident memory goes: SmolLM2-135M (bf16 weights) reads a standard passkey prompt with
-the 1M-token reader's configuration (the QA recipe, int8 store in memory-mapped files, docs/infllm.md "A million
-tokens") through `model.step` in pieces, and after each piece the process's resident memory is split by kind from
-`/proc/self/smaps` (Linux): the C heap (`[heap]`), other anonymous mappings, and the store's file pages. At the end
-the heap is measured again after `malloc_trim` (what the state holds; the rest is heap the allocator keeps in holes).
+the 1M-token reader's configuration (the shipped QA recipe `examples/adapters/smollm2-infllm-qa` with the int8 store
+in memory-mapped files, docs/infllm.md "A million tokens") through `model.step` in pieces, and after each piece the
+process's resident memory is split by kind from `/proc/self/smaps` (Linux): the C heap (`[heap]`), other anonymous
+mappings, and the store's file pages. At the end the heap is measured again after `malloc_trim` (what the state
+holds; the rest is heap the allocator keeps in holes).
 
     python benchmarks/infllm_memory.py --tokens 262144 --store /tmp/infllm-blocks [--piece 16384] [--threads 1]
 
@@ -23,18 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.evaluation import TASKS  # noqa: E402
-from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 
-RECIPE = dict(
-    match_blocks=1,
-    topk_blocks=0,
-    match_score="tokens",
-    match_neighbours="both",
-    block_positions="ordered",
-    keep_question_blocks=False,
-    window=2048,
-    store_dtype="int8",
-)
+RECIPE = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm-qa"
 
 
 def resident_mb() -> dict[str, int]:
@@ -59,9 +50,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    base, tokenizer = load_backbone("smollm2", dtype=torch.bfloat16)
-    model = ha.wrap_with_memory(base.eval(), "infllm", store_disk=args.store, **RECIPE).eval()
-    ids = torch.tensor([TASKS["passkey_standard"](tokenizer, args.tokens, seed=0, depth=0.5).input_ids])
+    model = ha.AutoMemoryModelForCausalLM.from_pretrained(
+        str(RECIPE), dtype=torch.bfloat16, store_dtype="int8", store_disk=args.store
+    ).eval()
+    ids = torch.tensor([TASKS["passkey_standard"](model.tokenizer, args.tokens, seed=0, depth=0.5).input_ids])
     state, start = None, time.process_time()
     with torch.no_grad():
         for end in range(args.piece, args.tokens + 1, args.piece):
