@@ -64,15 +64,13 @@ class BlockPages:
     def release_full_pages(self) -> int:
         """Drop every full file page from the process's resident set (see the module docstring); the next read of
         a block maps back what it touches. Returns the number of pages dropped (0 in RAM or off Linux)."""
-        alive = [ref for ref in self._full if ref() is not None]
-        self._full = alive
+        storages = [s for s in (ref() for ref in self._full) if s is not None]
+        self._full = [weakref.ref(s) for s in storages]
         if _MADVISE is None:
             return 0
-        for ref in alive:
-            storage = ref()
-            if storage is not None:
-                _MADVISE(storage.data_ptr(), storage.nbytes(), MADV_DONTNEED)
-        return len(alive)
+        for storage in storages:
+            _MADVISE(storage.data_ptr(), storage.nbytes(), MADV_DONTNEED)
+        return len(storages)
 
     def __deepcopy__(self, memo: dict) -> BlockPages:
         """A copied model gets a store of its own; blocks already placed stay where they are (their states hold
