@@ -6,6 +6,9 @@ and every next-token NLL is kept; the perplexity "at length C" is over the token
 model predicts text that far into a document. Runs:
 - `backbone_sliding_window`: the bare backbone seeing the last `--window` tokens (windows end every `--stride` tokens),
   by default the adapter's text window `segment_length + sensory_length` (the tokens HMT's window holds);
+- `backbone_sliding_window_sinks_<N>` with `--sink-tokens N`: the same with the passage's first N tokens in front of
+  every window (attention sinks, re-read with the window: what a streaming reader with sinks would give if it
+  recomputed its keys; docs/infllm.md);
 - `backbone_segmented`: the bare backbone on each segment alone (`model.disable_memory()`);
 - one run per adapter (`--adapters hmt=path rmt=path`), each on its own copy of the backbone (LoRA included); an
   adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window;
@@ -135,6 +138,12 @@ def main() -> None:
     p.add_argument("--window", type=int, default=None, help="sliding-window size (default: segment + sensory)")
     p.add_argument("--stride", type=int, default=32)
     p.add_argument(
+        "--sink-tokens",
+        type=int,
+        default=None,
+        help="also run the sliding window with the passage's first N tokens in front of every window",
+    )
+    p.add_argument(
         "--infllm",
         nargs="*",
         type=parse_field,
@@ -159,11 +168,14 @@ def main() -> None:
     documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents, args.passages)
     print(f"held-out {args.corpus}: " + ", ".join(f"{t} from {s} ({d.numel()} tokens)" for t, s, d in documents))
 
-    def sliding(causal_lm):
-        return lambda ids: sliding_window_nll(causal_lm, ids, window, args.stride)
+    def sliding(causal_lm, sink_tokens: int = 0):
+        return lambda ids: sliding_window_nll(causal_lm, ids, window, args.stride, sink_tokens)
 
     plain = ha.wrap_with_memory(base, "rmt", segment_length=reference.segment_length, num_memory_tokens=0).eval()
     runs = {"backbone_sliding_window": sliding(base), "backbone_segmented": lambda ids: token_nll(plain, ids)}
+    sinks_run = None if args.sink_tokens is None else f"backbone_sliding_window_sinks_{args.sink_tokens}"
+    if sinks_run is not None:
+        runs[sinks_run] = sliding(base, args.sink_tokens)
     for name, model in models.items():
         runs[name] = lambda ids, m=model: token_nll(m, ids)
         if model.method == "rmt" and model.memory_config.num_memory_tokens == 0:
@@ -195,6 +207,8 @@ def main() -> None:
     new = evaluate({n: fn for n, fn in runs.items() if n not in old}, documents, args.lengths)
     for row in new.values():
         row.update(run_provenance())
+    if sinks_run in new:
+        new[sinks_run]["sink_tokens"] = args.sink_tokens
     if args.infllm is not None and args.infllm_name in new:
         new[args.infllm_name]["fields"] = dict(args.infllm)
         new[args.infllm_name]["config"] = infllm.memory_config.to_dict()

@@ -67,6 +67,22 @@ def test_sliding_window_nll_gives_each_token_at_least_window_minus_stride_contex
         sliding_window_nll(base, ids, window=12, stride=13)
 
 
+def test_sliding_window_nll_with_sinks_keeps_the_first_tokens_in_every_window():
+    base = tiny_backbone("llama").eval()
+    ids = random_ids(1, 30)[0]
+    plain = sliding_window_nll(base, ids, window=12, stride=4)
+    sinks = sliding_window_nll(base, ids, window=12, stride=4, sink_tokens=3)
+    assert sinks.shape == (29,)
+    torch.testing.assert_close(sinks[:11], plain[:11])  # the first window starts at token 0: nothing to add
+    with torch.no_grad():  # token 20: the window ending at 24 holds tokens 0..2, then its last 9 (15..23)
+        context = torch.cat([ids[:3], ids[15:20]])[None]
+        own = torch.nn.functional.cross_entropy(base(input_ids=context).logits[0, -1:], ids[20:21])
+    torch.testing.assert_close(sinks[19], own, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(sinks[19], plain[19])  # the sinks changed what token 20 saw
+    with pytest.raises(ValueError, match=r"`sink_tokens` must be in \[0, `window` - `stride`=8\].*got 9"):
+        sliding_window_nll(base, ids, window=12, stride=4, sink_tokens=9)
+
+
 def test_perplexity_ratio_pairs_stretches_and_brackets_the_ratio():
     gen = torch.Generator().manual_seed(0)
     reference = (3 + torch.rand(64, generator=gen)).tolist()  # mean NLLs of 64 stretches of one text

@@ -64,17 +64,33 @@ def token_nll(model: MemoryModel, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sliding_window_nll(causal_lm: torch.nn.Module, ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
+def sliding_window_nll(
+    causal_lm: torch.nn.Module, ids: torch.Tensor, window: int, stride: int, sink_tokens: int = 0
+) -> torch.Tensor:
     """NLL `[T - 1]` of a plain causal LM that sees at most `window` tokens: windows end every `stride` tokens and
-    score only their last `stride` targets, so every token has at least `window - stride` tokens of context."""
+    score only their last `stride` targets, so every token has at least `window - stride` tokens of context.
+
+    With `sink_tokens`, every window starts with the document's first `sink_tokens` tokens, then its last
+    `window - sink_tokens` (StreamingLLM's attention sinks, Xiao et al. 2023, with the text re-read at every window
+    and numbered from 0 in it): the sliding window a streaming reader with sinks is compared with (docs/infllm.md)."""
     if not 1 <= stride <= window:
         raise ValueError(f"`stride` must be in [1, `window`={window}], got {stride}.")
+    if not 0 <= sink_tokens <= window - stride:
+        raise ValueError(
+            f"`sink_tokens` must be in [0, `window` - `stride`={window - stride}] (each window keeps its last "
+            f"`stride` targets after the sinks), got {sink_tokens}."
+        )
     device = next(causal_lm.parameters()).device
     losses, scored = [], 1  # targets before `scored` are done; token 0 is never a target
     while scored < ids.numel():
         end = min((scored // stride + 1) * stride, ids.numel())  # windows end at multiples of `stride`
         start = max(0, end - window)
-        chunk = ids[start:end].to(device)[None]
+        if sink_tokens and start > 0:  # the sinks, then the window's last tokens (no token twice)
+            start = max(sink_tokens, end - (window - sink_tokens))
+            chunk = torch.cat([ids[:sink_tokens], ids[start:end]]).to(device)[None]
+            start -= sink_tokens  # as if the chunk were `ids[start:end]`: the targets' indices below
+        else:
+            chunk = ids[start:end].to(device)[None]
         logits = causal_lm(input_ids=chunk).logits[0].float()
         first = scored - start  # first target this window scores, as an index into the chunk
         losses.append(F.cross_entropy(logits[first - 1 : -1], chunk[0, first:], reduction="none"))
