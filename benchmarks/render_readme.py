@@ -489,15 +489,16 @@ def version_matrix() -> str | None:
 
 def books_command(corpus: str, data: dict, name: str, flags: str = "", file: str = "") -> str:
     """The command that recorded run `name` of `ppl_infllm_<corpus><file>.json`, with its commit and machine (a
-    run's own where it has them, else the file's: its last writer's)."""
+    run's own where it has them, else the file's: its last writer's). `flags`: the run's own (`--infllm` if none);
+    a run with flags was added with `--update`."""
     run, prov = data["runs"][name], data["provenance"]
     sha = (run.get("commit") or prov["git_commit"])[:10]
     passages = data.get("passages", [0])
     where = "" if passages == [0] else " --passages " + " ".join(map(str, passages))
     return (
-        f"`python benchmarks/ppl_vs_length.py --infllm{flags} --window {data['window']} --stride {data['stride']} "
-        f"--corpus {corpus} --documents 1{where} --name ppl_infllm_{corpus}{file}{' --update' if flags else ''}` "
-        f"(commit `{sha}`, {run.get('machine', prov['machine'])})"
+        f"`python benchmarks/ppl_vs_length.py {flags or '--infllm'} --window {data['window']} --stride "
+        f"{data['stride']} --corpus {corpus} --documents 1{where} --name ppl_infllm_{corpus}{file}"
+        f"{' --update' if flags else ''}` (commit `{sha}`, {run.get('machine', prov['machine'])})"
     )
 
 
@@ -508,13 +509,18 @@ def book_files(suffix: str = "") -> list[tuple[str, dict]]:
 
 
 def book_readers(data: dict) -> tuple[dict[str, str], dict[str, str]]:
-    """A book file's InfLLM variants (runs added with --update, each with its fields as NAME=VALUE) and the label
-    of every row to show: the sliding window, the defaults, then the variants."""
-    variants = {
-        n: " ".join(f"{k}={v}" for k, v in r["fields"].items()) for n, r in data["runs"].items() if r.get("fields")
-    }
-    labels = {"backbone_sliding_window": "bare, sliding window", "infllm": '`"infllm"` (no training)'}
-    return variants, labels | {n: f'`"infllm"`, {f}' for n, f in variants.items()}
+    """A book file's added runs (with --update) as name -> the flags that recorded them (InfLLM variants with their
+    fields as NAME=VALUE, sliding windows with sinks), and the label of every row to show: the sliding window, the
+    sliding windows with sinks, the defaults, then the variants."""
+    runs = data["runs"]
+    sinks = {n: r["sink_tokens"] for n, r in runs.items() if "sink_tokens" in r}
+    fields = {n: " ".join(f"{k}={v}" for k, v in r["fields"].items()) for n, r in runs.items() if r.get("fields")}
+    flags = {n: f"--sink-tokens {k}" for n, k in sinks.items()}
+    flags |= {n: f"--infllm {f} --infllm-name {n}" for n, f in fields.items()}
+    labels = {"backbone_sliding_window": "bare, sliding window"}
+    labels |= {n: f"bare, sliding window after the first {k} tokens (sinks, re-read)" for n, k in sinks.items()}
+    labels["infllm"] = '`"infllm"` (no training)'
+    return flags, labels | {n: f'`"infllm"`, {f}' for n, f in fields.items()}
 
 
 def infllm_books() -> str | None:
@@ -526,15 +532,13 @@ def infllm_books() -> str | None:
     lines = []
     for corpus, data in found:
         doc, prov = data["documents"][0], data["provenance"]
-        variants, labels = book_readers(data)
+        added, labels = book_readers(data)
         lengths = list(data["runs"]["infllm"]["ppl"])
         lines += [
             f"{books_command(corpus, data, 'infllm')} on {prov['device']}: *{doc['title']}* "
             f"({doc['tokens']} tokens, held out of the shipped adapters' training); perplexity of the tokens in "
             f"(C/2, C]; the bare model sees the last {data['window'] - data['stride']} to {data['window']} tokens."
-            + "".join(
-                f" `{n}`: {books_command(corpus, data, n, f' {f} --infllm-name {n}')}." for n, f in variants.items()
-            ),
+            + "".join(f" `{n}`: {books_command(corpus, data, n, f)}." for n, f in added.items()),
             "",
             "| reader | " + " | ".join(lengths) + " |",
             "|---" * (len(lengths) + 1) + "|",
@@ -607,7 +611,7 @@ def infllm_book_passages() -> str | None:
         length = max(int(c) for c in runs["backbone_sliding_window"]["ppl"])  # the last bin: (C/2, C]
         block = data["documents"][0]["tokens"] // len(reference[0]["nll_blocks"])  # targets per stretch
         bin_blocks = slice(length // 2 // block, length // block)
-        variants, labels = book_readers(data)
+        added, labels = book_readers(data)
         title = data["documents"][0]["title"]
         starts = [p["start"] for p in reference]
         firsts = (0, 1) if len(starts) > 1 else (0,)  # ratio columns: all passages, and those after the first
@@ -619,10 +623,7 @@ def infllm_book_passages() -> str | None:
             + f"), each from an empty memory; perplexity of the tokens in ({length // 2}, {length}] of each passage, "
             f"and the ratio to the bare model's {data['window']}-token sliding window with a 95% bootstrap interval "
             f"over stretches of {block} tokens (paired: the same tokens)."
-            + "".join(
-                f" `{n}`: {books_command(corpus, data, n, f' {f} --infllm-name {n}', '_passages')}."
-                for n, f in variants.items()
-            ),
+            + "".join(f" `{n}`: {books_command(corpus, data, n, f, '_passages')}." for n, f in added.items()),
             "",
             "| reader | "
             + " | ".join(f"tokens {s // 1024}k-{(s + length) // 1024}k" for s in starts)
