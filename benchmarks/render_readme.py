@@ -518,7 +518,7 @@ def book_readers(data: dict) -> tuple[dict[str, str], dict[str, str]]:
     flags = {n: f"--sink-tokens {k}" for n, k in sinks.items()}
     flags |= {n: f"--infllm {f} --infllm-name {n}" for n, f in fields.items()}
     labels = {"backbone_sliding_window": "bare, sliding window"}
-    labels |= {n: f"bare, sliding window after the first {k} tokens (sinks, re-read)" for n, k in sinks.items()}
+    labels |= {n: f"bare, the first {k} tokens + sliding window (sinks, re-read)" for n, k in sinks.items()}
     labels["infllm"] = '`"infllm"` (no training)'
     return flags, labels | {n: f'`"infllm"`, {f}' for n, f in fields.items()}
 
