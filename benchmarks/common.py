@@ -112,6 +112,21 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def resident_kib_by_mapping() -> dict[str, int]:
+    """Resident KiB of this process per mapping name, from `/proc/self/smaps` (Linux): a mapped file's path,
+    `[heap]`, `[stack]`, ..., and "" for anonymous mappings; mappings of one name summed."""
+    out: dict[str, int] = {}
+    name = ""
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header: range, perms, ..., name
+                name = fields[5] if len(fields) > 5 else ""
+            elif fields[0] == "Rss:":
+                out[name] = out.get(name, 0) + int(fields[1])
+    return out
+
+
 def peak_ratio(row: dict, lengths: list) -> float:
     """Process peak RSS at the longest of `lengths` over the shortest, from a `{length: {"peak_mb": ...}}` row of
     results (the memory-flatness goal: <= 1.05)."""

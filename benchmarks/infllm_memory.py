@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
+from common import resident_kib_by_mapping  # noqa: E402
 from hmt_adapters.evaluation import TASKS  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm-qa"
@@ -30,16 +31,10 @@ RECIPE = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm
 
 def resident_mb() -> dict[str, int]:
     """Resident MB of the process by kind: `heap` (the C heap), `anon` (other anonymous mappings), `file`."""
-    out, kind = {"heap": 0, "anon": 0, "file": 0}, "anon"
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                name = fields[5] if len(fields) > 5 else ""
-                kind = "heap" if name == "[heap]" else ("file" if name.startswith("/") else "anon")
-            elif fields[0] == "Rss:":
-                out[kind] += int(fields[1]) // 1024
-    return out
+    out = {"heap": 0, "anon": 0, "file": 0}
+    for name, kib in resident_kib_by_mapping().items():
+        out["heap" if name == "[heap]" else ("file" if name.startswith("/") else "anon")] += kib
+    return {kind: kib // 1024 for kind, kib in out.items()}
 
 
 def main() -> None:

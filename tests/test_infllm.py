@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,9 @@ from hmt_adapters.memory import attend
 from hmt_adapters.methods.unimem import block_pages
 from hmt_adapters.methods.unimem import infllm as infllm_module
 from hmt_adapters.methods.unimem.infllm import InfLLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import resident_kib_by_mapping  # noqa: E402
 from tiny import (
     FAMILY_NAMES,
     FAMILY_VOCAB,
@@ -754,19 +758,6 @@ def test_growing_append_equals_cat_reuses_its_buffer_and_keeps_branches_apart():
     assert torch.equal(leaf.grad, torch.ones(1, 2))
 
 
-def _resident_kib(directory) -> dict[str, int]:
-    """Resident KiB of each mapped (deleted) file in `directory`, by file name, from /proc/self/smaps."""
-    out, name = {}, None
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                name = fields[5] if len(fields) > 5 and fields[5].startswith(str(directory)) else None
-            elif name is not None and fields[0] == "Rss:":
-                out[name] = out.get(name, 0) + int(fields[1])
-    return out
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page residency is read from Linux's /proc")
 def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path):
     pages = block_pages.BlockPages(str(tmp_path), page_bytes=64 * 1024)
@@ -775,7 +766,7 @@ def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path)
     files = [placed[i].untyped_storage().filename for i in (0, 4, 8)]
 
     def resident() -> list[int]:
-        found = _resident_kib(tmp_path)
+        found = resident_kib_by_mapping()  # the files' resident KiB (None: no longer mapped)
         return [found.get(f) for f in files]
 
     assert resident() == [0, 0, 64]  # only the page being filled
