@@ -158,6 +158,7 @@ def test_fast_reads_equal_the_dense_reads(case, monkeypatch):
     monkeypatch.setattr(unimem_method, "read_union", dense_read_union)
     monkeypatch.setattr(unimem_method, "read_trams", dense_read_trams)
     monkeypatch.setattr(attend, "prefix_attention", dense_prefix_attention)
+    monkeypatch.setattr(attend, "retrieved_attention", lambda *args: None)  # the explicit joint softmax
     dense = outputs(model, ids, mask)
     torch.testing.assert_close(fast[0], dense[0], atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(fast[1], dense[1], atol=2e-6, rtol=1e-5)
@@ -212,6 +213,43 @@ def test_prefix_attention_with_one_mask_for_all_heads_equals_the_mask_per_head()
             atol=1e-6,
             rtol=1e-5,
         )
+
+
+@pytest.mark.parametrize("memory_heads", [2, 4])  # shared entries per key/value head or per query head
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_retrieved_attention_by_the_kernels_log_sum_exp_equals_the_explicit_joint_softmax(memory_heads, dtype):
+    """The inference path for entries retrieved per query (the kernel over shared + local, merged with the retrieved
+    part by log-sum-exp) against `joint_attention`, including queries that see nothing in one part or in any."""
+    gen = torch.Generator().manual_seed(7)
+    B, Hq, Hkv, q, S, K, D = 2, 4, 2, 6, 5, 3, 8
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    query, key, value = randn(B, Hq, q, D), randn(B, Hkv, q + 2, D), randn(B, Hkv, q + 2, D)
+    local = torch.ones(q, q + 2, dtype=torch.bool).tril(2)[None, None].repeat(B, 1, 1, 1)
+    local[1, ..., :3] = False  # row 1 left-padded: its first 3 keys hidden, its query 0 sees no local key
+    shared = torch.rand(B, 1, q, S, generator=gen) > 0.5
+    shared[1, :, 0] = False
+    retrieved = torch.rand(B, Hq, q, K, generator=gen) > 0.3
+    retrieved[1, :, 0] = False  # query 0 of row 1 sees nothing at all: the explicit softmax's uniform row
+    retrieved[1, :, 1] = False  # query 1 sees local and (maybe) shared entries only
+    retrieved[0, :, 2] = True
+    local[0, :, 2] = False  # query 2 of row 0 sees retrieved and shared entries only
+    read = MemoryRead(
+        randn(B, memory_heads, S, D),
+        randn(B, memory_heads, S, D),
+        shared,
+        pq_logits=torch.randn(B, Hq, q, K, generator=gen),
+        pq_v=randn(B, Hq, q, K, D),
+        pq_visible=retrieved,
+    )
+    fused = attend.retrieved_attention(query, key, value, local, read, 0.3)
+    assert fused is not None and fused.dtype == dtype
+    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(fused, attend.joint_attention(query, key, value, local, read, 0.3), **tol)
+    query.requires_grad_(True)  # the kernel's log-sum-exp has no gradient: training takes the explicit path
+    assert attend.retrieved_attention(query, key, value, local, read, 0.3) is None
 
 
 @pytest.mark.parametrize("memory_heads", [2, 4])  # key/value heads (Transformer-XL, Elastic) or query heads (TRAMS)
