@@ -199,20 +199,35 @@ def test_row_lookup_gather_equals_the_index_gather_per_row_and_per_query_head():
     assert torch.equal(gather_slots(x, per_query + 3), expected)
 
 
-def test_prefix_attention_with_one_mask_for_all_heads_equals_the_mask_per_head():
+@pytest.mark.parametrize("grad", [False, True])  # inference: two kernel calls merged by log-sum-exp; training: one SDPA
+@pytest.mark.parametrize("padded", [False, True])
+def test_prefix_attention_equals_the_mask_per_head(grad, padded):
+    """`prefix_attention` (one mask for all heads where every entry is visible; at inference the memory and the
+    segment as two kernel calls merged by log-sum-exp, the segment with the kernel's causal mask) against the prefix
+    with its mask built for every head, including queries that see nothing (they read every key)."""
     gen = torch.Generator().manual_seed(2)
     B, Hq, Hkv, q, S, D = 2, 4, 2, 5, 7, 8
-    query = torch.randn(B, Hq, q, D, generator=gen)
+    query = torch.randn(B, Hq, q, D, generator=gen).requires_grad_(grad)
     key, value = torch.randn(B, Hkv, q, D, generator=gen), torch.randn(B, Hkv, q, D, generator=gen)
     local = local_visibility(None, q, q, query.device)
-    for visible in (torch.ones(B, Hq, 1, S, dtype=torch.bool), torch.rand(B, Hq, 1, S, generator=gen) > 0.4):
+    if padded:  # row 1 left-padded by 2: its first two queries see no local key
+        local = local.repeat(B, 1, 1, 1)
+        local[1, ..., :2] = False
+    hidden = torch.rand(B, Hq, 1, S, generator=gen) > 0.4
+    hidden[1, 0] = False  # head 0 of row 1 sees no memory entry: with padding, two of its queries see nothing
+    for visible in (torch.ones(B, Hq, 1, S, dtype=torch.bool), hidden):
         read = MemoryRead(torch.randn(B, Hq, S, D, generator=gen), torch.randn(B, Hq, S, D, generator=gen), visible)
-        torch.testing.assert_close(
-            prefix_attention(query, key, value, local, read, 0.3),
-            dense_prefix_attention(query, key, value, local, read, 0.3),
-            atol=1e-6,
-            rtol=1e-5,
-        )
+        with torch.no_grad():
+            want = dense_prefix_attention(query, key, value, local, read, 0.3)
+        got = prefix_attention(query, key, value, local, read, 0.3)
+        assert got.requires_grad == grad
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        with torch.no_grad():  # bf16 through the same path, to bf16's rounding
+            args = [t.detach().bfloat16() for t in (query, key, value)]
+            half = MemoryRead(read.k.bfloat16(), read.v.bfloat16(), visible)
+            got = prefix_attention(*args, local, half, 0.3)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.parametrize("memory_heads", [2, 4])  # shared entries per key/value head or per query head

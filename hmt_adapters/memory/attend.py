@@ -10,6 +10,7 @@ through torch's CPU flash kernel and a log-sum-exp merge for entries retrieved p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -72,30 +73,36 @@ def parts_attention(
     uniform row, as the explicit softmax gives it (no NaN)."""
     keys = torch.cat([k for k, _, _ in parts], dim=2)
     values = torch.cat([v for _, v, _ in parts], dim=2)
-    additive = additive_mask([(m, k.shape[2]) for k, _, m in parts], query.dtype)
+    visible = joined_visibility([(m, k.shape[2]) for k, _, m in parts])
+    additive = None if visible is None else additive_mask(visible, query.dtype)
     return F.scaled_dot_product_attention(
         query, keys, values, attn_mask=additive, scale=scaling, enable_gqa=keys.shape[1] != query.shape[1]
     )
 
 
-def additive_mask(parts: list[tuple[torch.Tensor | None, int]], dtype: torch.dtype) -> torch.Tensor | None:
-    """One additive mask over several key parts side by side: each part is its visibility `[B|1, 1|H, 1|q, n]`
-    (None: every query sees its `n` keys) and `n`. Hidden keys get the dtype's lowest value, not -inf, so a query
-    that sees no key gets a uniform row (no NaN), as an explicit softmax over masked-filled logits gives it. None
-    where no part has a mask."""
+def joined_visibility(parts: list[tuple[torch.Tensor | None, int]]) -> torch.Tensor | None:
+    """The visibility `[B|1, 1|H, 1|q, n_1 + n_2 + ...]` of several key parts side by side: each part is its own
+    (`[B|1, 1|H, 1|q, n]` bool, or None where every query sees its `n` keys) and `n`. None where no part has one."""
     masks = [m for m, _ in parts if m is not None]
     if not masks:
         return None
     shape = [max(m.shape[d] for m in masks) for d in range(3)]
     device = masks[0].device
-    visible = torch.cat(
+    return torch.cat(
         [
             (m if m is not None else torch.ones(1, 1, 1, n, dtype=torch.bool, device=device)).expand(*shape, n)
             for m, n in parts
         ],
         dim=-1,
     )
-    return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`visible` as an additive mask: hidden keys get the dtype's lowest value, not -inf, so a query that sees no
+    key gets a uniform row (no NaN), as an explicit softmax over masked-filled logits gives it."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, torch.finfo(dtype).min
+    )
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -191,25 +198,88 @@ def prefix_attention(
     scaling: float,
     dropout: float = 0.0,
 ) -> torch.Tensor:
-    """`[B, Hq, q, D]`: torch SDPA over `[read.k ; key]` with every part brought to the query heads."""
+    """`[B, Hq, q, D]`: the softmax over `[read.k ; key]` with every part brought to the query heads, a query that
+    sees nothing reading every key (padding must not give NaN). For inference on CPU (`inference_kernel`) the two
+    parts run as two calls of the flash kernel merged by their log-sum-exps (`merge_by_lse`): the memory unmasked
+    where every entry is visible and the segment with the kernel's own causal mask, instead of one masked call over
+    a concatenated copy (1.2x at TRAMS' shape at segments of 128, 1.5x at 512; docs/cost.md). Else one SDPA call."""
     batch, heads, q_len, _ = query.shape
     size = read.k.shape[2]
-    if bool(read.visible.all()):  # every entry visible to every query: one mask for all heads, the local one widened
+    everything = bool(read.visible.all())
+    mem_visible = None if everything else expand_heads(read.visible, heads).expand(batch, heads, q_len, size)
+    if not dropout and inference_kernel(query, key, value, read.k, read.v):
+        local: torch.Tensor | None = local_visible
+        if mem_visible is not None:
+            blind = ~(mem_visible.any(-1, keepdim=True) | local_visible.any(-1, keepdim=True))
+            if bool(blind.any()):  # nothing visible in either part: every key of both
+                mem_visible, local = mem_visible | blind, local_visible | blind
+        causal = q_len == key.shape[2] and bool(
+            torch.equal(local_visible, local_visibility(None, q_len, q_len, query.device))
+        )
+        parts = [
+            kernel_with_lse(query, read.k, read.v, mem_visible, scaling),
+            kernel_with_lse(query, key, value, None if causal else local, scaling, causal=causal),
+        ]
+        return merge_by_lse(parts)
+    if mem_visible is None:  # every entry visible to every query: one mask for all heads, the local one widened
         rows, local_heads = local_visible.shape[:2]
-        local = local_visible.expand(rows, local_heads, q_len, key.shape[2])
-        visible = torch.cat([local.new_ones(rows, local_heads, q_len, size), local], dim=-1)
+        local_all = local_visible.expand(rows, local_heads, q_len, key.shape[2])
+        visible = torch.cat([local_all.new_ones(rows, local_heads, q_len, size), local_all], dim=-1)
     else:
-        mem_visible = expand_heads(read.visible, heads).expand(batch, heads, q_len, size)
         visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
-        visible = visible | ~visible.any(-1, keepdim=True)  # a query that sees nothing (padding) must not give NaN
+        visible = visible | ~visible.any(-1, keepdim=True)
     keys = torch.cat([_all_heads(read.k, heads).to(query.dtype), _all_heads(key, heads)], dim=2)
     values = torch.cat([_all_heads(read.v, heads).to(query.dtype), _all_heads(value, heads)], dim=2)
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, dropout_p=dropout, scale=scaling)
 
 
-# torch's CPU flash-attention kernel, which also returns each query's log-sum-exp (`retrieved_attention`); absent
-# from a torch without it
+# torch's CPU flash-attention kernel, which also returns each query's log-sum-exp (`kernel_with_lse`); absent from
+# a torch without it
 FLASH_WITH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def inference_kernel(query: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether `kernel_with_lse` can serve this call: torch's CPU kernel is there and no gradient is needed (its
+    log-sum-exp has none, so training keeps one softmax over every part)."""
+    if FLASH_WITH_LSE is None or query.device.type != "cpu":
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, *tensors)))
+
+
+def kernel_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    visible: torch.Tensor | None,
+    scaling: float,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention `[B, Hq, q, D]` of `query` over one key part (`[B, 1|Hk, n, D]`, Hk dividing Hq; `visible`
+    `[B|1, 1|Hq, 1|q, n]` bool or None) and each query's log-sum-exp `[B, Hq, q]` (fp32), by torch's CPU flash
+    kernel (`inference_kernel`). A hidden key's logit is the dtype's lowest value (`additive_mask`): a query that
+    sees nothing gets a finite log-sum-exp about that low, which weighs nothing in `merge_by_lse`."""
+    assert FLASH_WITH_LSE is not None  # callers check `inference_kernel`
+    batch, heads, q_len, _ = query.shape
+    keys = _all_heads(key.to(query.dtype), heads).contiguous()  # the kernel takes every query head's keys
+    values = _all_heads(value.to(query.dtype), heads).contiguous()
+    bias = None if visible is None else additive_mask(visible, query.dtype)
+    if bias is not None:
+        bias = bias.expand(batch, bias.shape[1], q_len, keys.shape[2])
+    return FLASH_WITH_LSE(query, keys, values, is_causal=causal, attn_mask=bias, scale=scaling)
+
+
+def merge_by_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """One softmax's output from the outputs `[B, H, q, D]` and log-sum-exps `[B, H, q]` of softmaxes over disjoint
+    sets of its keys: each part weighs its share of the joint normaliser, `exp(lse_i) / sum_j exp(lse_j)`."""
+    top = torch.stack([lse for _, lse in parts]).amax(0)
+    weights = [(lse - top).exp() for _, lse in parts]
+    total = torch.stack(weights).sum(0)
+    out = None
+    for (part, _), weight in zip(parts, weights):
+        term = part * (weight / total)[..., None].to(part.dtype)
+        out = term if out is None else out + term
+    assert out is not None
+    return out
 
 
 def retrieved_attention(
@@ -222,42 +292,37 @@ def retrieved_attention(
 ) -> torch.Tensor | None:
     """`[B, Hq, q, D]`: `joint_attention`'s softmax over `[retrieved per query ; shared memory ; local]` (no gate, no
     soft-cap, no dropout), without writing the shared and local logits out. The softmax is split in two: torch's
-    CPU flash kernel reads `[shared ; local]` and returns each query's log-sum-exp, the few entries retrieved per
-    query (`read.pq_*`) are one small softmax, and the two outputs are weighted by their shares of the joint
-    normaliser (UniMem eq. 11-13 unchanged). On a segment of 512 this is ~4x faster than the explicit softmax,
-    whose fp32 logits over ~1k keys per query cost more than the matmuls that fill them (docs/cost.md).
+    CPU flash kernel reads `[shared ; local]` (`kernel_with_lse`), the few entries retrieved per query
+    (`read.pq_*`) are one small softmax, and the two are merged by their log-sum-exps (`merge_by_lse`; UniMem eq.
+    11-13 unchanged). On a segment of 512 this is ~4x faster than the explicit softmax, whose fp32 logits over ~1k
+    keys per query cost more than the matmuls that fill them (docs/cost.md).
 
-    None where it does not apply, so the caller runs `joint_attention`: off CPU (no such kernel is called there
-    yet), or where a gradient is needed (the kernel's log-sum-exp has none).
+    None where the kernel does not serve (`inference_kernel`: off CPU, or a gradient needed), so the caller runs
+    `joint_attention`.
     """
     assert read.pq_logits is not None and read.pq_v is not None and read.pq_visible is not None
-    tensors = (query, key, value, read.k, read.v, read.pq_logits, read.pq_v)
-    if FLASH_WITH_LSE is None or query.device.type != "cpu":
-        return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if not inference_kernel(query, key, value, read.k, read.v, read.pq_logits, read.pq_v):
         return None
     heads, dtype = query.shape[1], query.dtype
-    mem_k, mem_v, size = read.k.to(dtype), read.v.to(dtype), read.k.shape[2]
-    if mem_k.shape[1] == key.shape[1]:  # the kernel takes every query head's keys: repeat once, after the cat
-        keys, values = _all_heads(torch.cat([mem_k, key], 2), heads), _all_heads(torch.cat([mem_v, value], 2), heads)
-    else:
-        keys = torch.cat([_all_heads(mem_k, heads), _all_heads(key, heads)], dim=2)
-        values = torch.cat([_all_heads(mem_v, heads), _all_heads(value, heads)], dim=2)
+    size, local_size = read.k.shape[2], key.shape[2]
+    if read.k.shape[1] == key.shape[1]:  # one part for the kernel: shared then local keys
+        keys, values = torch.cat([read.k.to(dtype), key], 2), torch.cat([read.v.to(dtype), value], 2)
+    else:  # shared entries per query head
+        keys = torch.cat([_all_heads(read.k.to(dtype), heads), _all_heads(key, heads)], dim=2)
+        values = torch.cat([_all_heads(read.v.to(dtype), heads), _all_heads(value, heads)], dim=2)
     mem_visible = read.visible if read.visible.shape[1] == 1 else expand_heads(read.visible, heads)
-    bias = additive_mask([(mem_visible, size), (local_visible, key.shape[2])], dtype)
-    assert bias is not None  # the local part always has its mask
-    bias = bias.expand(query.shape[0], bias.shape[1], query.shape[2], bias.shape[-1])
-    out, lse = FLASH_WITH_LSE(query, keys.contiguous(), values.contiguous(), attn_mask=bias, scale=scaling)
-    lowest = torch.finfo(dtype).min  # what a hidden key's logit becomes, in both parts (`additive_mask`)
+    visible = joined_visibility([(mem_visible, size), (local_visible, local_size)])
+    out, lse = kernel_with_lse(query, keys, values, visible, scaling)
+    lowest = torch.finfo(dtype).min  # a hidden entry's logit, in both parts (`additive_mask`)
     logits = read.pq_logits.float().masked_fill(~read.pq_visible, lowest)
-    top = torch.maximum(lse, logits.amax(-1))  # [B, Hq, q]
-    retrieved = (logits - top[..., None]).exp()
-    # A query that sees nothing at all gets the explicit softmax's uniform row over every entry: its kernel part
-    # is the uniform mean of the `n` shared and local values, so it weighs n where it would weigh one.
-    share = (lse - top).exp().masked_fill(top <= lowest / 2, keys.shape[2])
-    total = share + retrieved.sum(-1)
-    mixed = torch.einsum("bhqk,bhqkd->bhqd", (retrieved / total[..., None]).to(dtype), read.pq_v.to(dtype))
-    return out * (share / total)[..., None].to(dtype) + mixed
+    retrieved_lse = torch.logsumexp(logits, -1)
+    retrieved = torch.einsum("bhqk,bhqkd->bhqd", logits.softmax(-1).to(dtype), read.pq_v.to(dtype))
+    # A query that sees nothing at all gets the explicit softmax's uniform row over all its entries: each part is
+    # then its uniform mean, weighed by its number of entries
+    blind = (lse <= lowest / 2) & (retrieved_lse <= lowest / 2)
+    lse = lse.masked_fill(blind, math.log(size + local_size))
+    retrieved_lse = retrieved_lse.masked_fill(blind, math.log(logits.shape[-1]))
+    return merge_by_lse([(out, lse), (retrieved, retrieved_lse)])
 
 
 def one_token_attention(
