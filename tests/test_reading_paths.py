@@ -199,7 +199,7 @@ def test_row_lookup_gather_equals_the_index_gather_per_row_and_per_query_head():
     assert torch.equal(gather_slots(x, per_query + 3), expected)
 
 
-@pytest.mark.parametrize("grad", [False, True])  # inference: two kernel calls merged by log-sum-exp; training: one SDPA
+@pytest.mark.parametrize("grad", [False, True])  # inference: two kernel calls merged by LSE; training: one SDPA
 @pytest.mark.parametrize("padded", [False, True])
 def test_prefix_attention_equals_the_mask_per_head(grad, padded):
     """`prefix_attention` (one mask for all heads where every entry is visible; at inference the memory and the
