@@ -12,7 +12,7 @@ from hmt_adapters.memory import attend
 from hmt_adapters.memory.attend import MemoryRead, expand_heads, local_visibility, prefix_attention
 from hmt_adapters.methods.unimem import method as unimem_method
 from hmt_adapters.methods.unimem.reading import gather_rows, gather_slots, rotate_at, scaling_of, top_entries
-from hmt_adapters.methods.unimem.trams import trams_scores, trams_select
+from hmt_adapters.methods.unimem.trams import trams_select
 from tiny import random_ids, tiny_backbone
 
 L = 8
@@ -64,12 +64,10 @@ def dense_read_union(k, v, frame, call, context, window, global_tokens, topk, ke
     return read
 
 
-def dense_read_trams(k, v, frame, call, context, query_weights, select_size, recent_keep, score, select_per):
-    """The metric over the whole pool, the selection among all of its slots."""
-    w_q, norm_weight = query_weights
+def dense_read_trams(k, v, metric, frame, call, context, select_size, recent_keep):
+    """The metric of the whole pool, the selection among all of its slots."""
     with torch.no_grad():
-        scores = trams_scores(k, w_q, norm_weight, call.query.shape[1], score, select_per)
-        slots = trams_select(scores, frame.valid, recent_keep, select_size)
+        slots = trams_select(metric, frame.valid, recent_keep, select_size)
     keys = rotate_at(context, dense_gather(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
     return MemoryRead(keys, dense_gather(v, slots), gather_rows(frame.valid, slots)[:, :, None, :])
 

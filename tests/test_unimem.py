@@ -168,6 +168,34 @@ def test_trams_in_the_model_attends_to_the_selection_of_its_pool(monkeypatch):
     assert all(read.k.shape[2] == 8 for _, read in reads)  # attention over m + n keys, not M + n
 
 
+@pytest.mark.parametrize("score, select_per", [("code", "query_head"), ("paper", "kv_head")])
+def test_trams_metric_kept_from_the_write_equals_the_metric_of_the_stored_keys(score, select_per):
+    """Each pool slot's metric is computed once, when its key is written (`UniMem.trams_metric`), and moves with it
+    through the FIFO (sliced for unpadded segments, sorted for padded ones): it equals the metric of the stored keys
+    recomputed with the layer's query weights, for every layer and slot, empty ones included."""
+    model = ha.wrap_with_memory(
+        tiny_backbone("qwen2"),
+        "trams",
+        segment_length=L,
+        memory_size=40,
+        select_size=8,
+        select_score=score,
+        select_per=select_per,
+    ).eval()
+    ids = random_ids(2, 4 * L + 3)
+    mask = torch.ones_like(ids)
+    mask[1, :11] = 0  # row 1 left-padded into its second segment
+    heads = model.adapter.num_heads
+    with torch.no_grad():
+        state = model.step(ids, attention_mask=mask)[1]
+    assert state is not None
+    for i in model.memory.layers:
+        w_q, _, gamma = model.adapter.layer_query(i)
+        want = trams_scores(state.tensors[f"k.{i}"], w_q, gamma, heads, score, select_per)
+        assert torch.equal(state.tensors[f"score.{i}"], want)
+    assert state.tensors["valid"].sum(1).tolist() == [32, 24]  # closed segments; both stores have empty slots
+
+
 def test_trams_pool_is_updated_fifo_whatever_was_selected():
     """Spec T9: layer 0's pool (its keys depend on no earlier layer) equals Transformer-XL's."""
     ids = random_ids(2, 5 * L)

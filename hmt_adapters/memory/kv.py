@@ -10,14 +10,16 @@ import torch
 
 
 def _token_dim(x: torch.Tensor) -> int:
-    """The token axis of a store tensor: 1 of `[B, T]`, 2 of `[B, H, T, D]`."""
+    """The token axis of a store tensor: 1 of `[B, T]`, 2 of `[B, H, T]` and `[B, H, T, D]`."""
     return 1 if x.dim() == 2 else 2
 
 
 def _gather_tokens(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Reorder the token axis of `x` (`[B, T]` or `[B, H, T, D]`) by a per-row `order` `[B, T]`."""
+    """Reorder the token axis of `x` (`[B, T]`, `[B, H, T]` or `[B, H, T, D]`) by a per-row `order` `[B, T]`."""
     if x.dim() == 2:
         return x.gather(1, order)
+    if x.dim() == 3:
+        return x.gather(2, order[:, None, :].expand(-1, x.shape[1], -1))
     index = order[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])
     return x.gather(2, index)
 
@@ -36,9 +38,13 @@ def init_kv_state(batch: int, layers, heads: int, dim: int, capacity: int, devic
 
 
 def push_kv(
-    state: dict[str, torch.Tensor], new: dict[int, tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor
+    state: dict[str, torch.Tensor],
+    new: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    mask: torch.Tensor,
+    per_token: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Append the segment's real tokens (`new[i] = (k, v)` `[B, H, L, D]`, `mask` `[B, L]`) and keep the newest."""
+    """Append the segment's real tokens (`new[i] = (k, v)` `[B, H, L, D]`, `mask` `[B, L]`) and keep the newest.
+    `per_token`: other entries of the store kept per token (`[B, H, L]`, by state key), pushed the same way."""
     capacity = state["valid"].shape[1]
     real = mask.bool()
     positions = state["seen"][:, None] + real.long().cumsum(1) - 1
@@ -64,6 +70,8 @@ def push_kv(
     }
     for i, (k, v) in new.items():
         out[f"k.{i}"], out[f"v.{i}"] = keep(state[f"k.{i}"], k), keep(state[f"v.{i}"], v)
+    for name, pushed in (per_token or {}).items():
+        out[name] = keep(state[name], pushed)
     return out
 
 

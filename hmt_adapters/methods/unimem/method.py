@@ -17,6 +17,7 @@ from ...memory.reuse import read_once
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import UniMemConfig
 from .reading import SegmentFrame, read_all, read_trams, read_union
+from .trams import trams_scores
 
 
 class UniMem(MemoryMethod):
@@ -47,6 +48,10 @@ class UniMem(MemoryMethod):
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
         b, size = self.backbone, self.settings.memory_size
         state = init_kv_state(batch_size, self.layers, b.num_kv_heads, b.head_dim, size, device, dtype)
+        if self.settings.reading == "trams":  # each stored key's metric, computed once, when it is written
+            heads = b.num_heads if self.config.select_per == "query_head" else b.num_kv_heads
+            for i in self.layers:
+                state[f"score.{i}"] = torch.zeros(batch_size, heads, size, device=device, dtype=torch.float32)
         if self.tokens is not None:
             state.update(self.tokens.init_state(batch_size, device, dtype))
         return state
@@ -66,10 +71,7 @@ class UniMem(MemoryMethod):
         if s.reading == "all":
             return read_all(k, v, frame, call, context)
         if s.reading == "trams":
-            w_q, _, norm = self.backbone.layer_query(layer)
-            weights = (w_q, norm if self.config.fold_norm_weight else None)
-            rule = (s.select_size, s.recent_keep, self.config.select_score, self.config.select_per)
-            return read_trams(k, v, frame, call, context, weights, *rule)
+            return read_trams(k, v, state[f"score.{layer}"], frame, call, context, s.select_size, s.recent_keep)
         window = s.window if s.reading in ("window", "union") else 0
         global_tokens = s.global_tokens if s.reading in ("global", "union") else 0
         topk = s.topk if s.reading in ("topk", "union") else 0
@@ -126,4 +128,19 @@ class UniMem(MemoryMethod):
             k, v = layout.attention.records[i]
             k, v = k[:, :, start : start + length], v[:, :, start : start + length]
             new[i] = (k.detach(), v.detach()) if self.config.detach_memory else (k, v)
-        return push_kv(state, new, segment.mask)
+        scores = None
+        if self.settings.reading == "trams":
+            scores = {f"score.{i}": self.trams_metric(i, k) for i, (k, _) in new.items()}
+        return push_kv(state, new, segment.mask, scores)
+
+    def trams_metric(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        """TRAMS' query-independent metric `[B, Hr, L]` of keys `[B, Hkv, L, D]` written to layer `layer`'s pool
+        (`trams_scores`). It depends on the key and the layer's query weights only, so it is computed once, when the
+        key is written, instead of for the whole pool at every segment (TRAMS §2.2; docs/cost.md). A key keeps the
+        metric of the weights it was written under, as it keeps the key projection it was written with."""
+        w_q, _, norm = self.backbone.layer_query(layer)
+        fold = norm if self.config.fold_norm_weight else None
+        with torch.no_grad():
+            return trams_scores(
+                keys.detach(), w_q, fold, self.backbone.num_heads, self.config.select_score, self.config.select_per
+            )

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ...attention import AttentionCall, AttentionContext, apply_rope
 from ...memory.attend import MemoryRead, decode_keys, decode_visible, head_scores, query_slices
-from .trams import trams_scores, trams_select
+from .trams import trams_select
 
 
 @dataclass
@@ -336,35 +336,32 @@ def top_entries(scores: torch.Tensor, k: int, group: int = 16) -> tuple[torch.Te
 def read_trams(
     k: torch.Tensor,
     v: torch.Tensor,
+    metric: torch.Tensor,
     frame: SegmentFrame,
     call: AttentionCall,
     context: AttentionContext,
-    query_weights: tuple[torch.Tensor, torch.Tensor | None],
     select_size: int,
     recent_keep: int,
-    score: str,
-    select_per: str,
 ) -> MemoryRead:
     """The TRAMS selection of this layer's pool, per row and head, with the keys at the scheme's positions.
 
-    Only the filled slots of the pool are read, and the metric is computed only where it decides something: for
-    the older slots (the newest `recent_keep` are always kept, TRAMS §3.2), and only when more of them hold
-    entries than `select_size - recent_keep`; otherwise every filled slot is attended. The attended entries are
-    those of `trams_select` over the whole pool minus its empty slots (which attention masks anyway).
+    `metric` `[B, Hr, M]` is each pool slot's TRAMS metric (`trams_scores`, kept in the state from when the key was
+    written; Hr = query or key/value heads, `select_per`). Only the filled slots of the pool are read, and the
+    metric decides only for the older slots (the newest `recent_keep` are always kept, TRAMS §3.2), and only when
+    more of them hold entries than `select_size - recent_keep`; otherwise every filled slot is attended. The
+    attended entries are those of `trams_select` over the whole pool minus its empty slots (which attention masks
+    anyway).
     """
-    w_q, norm_weight = query_weights
     store = k.shape[2]
     filled = max(frame.filled, 1)
     shift = store - filled  # the empty slots of the right-aligned pool
-    heads = call.query.shape[1] if select_per == "query_head" else k.shape[1]
+    heads = metric.shape[1]
     older = filled - min(recent_keep, filled)  # filled slots eligible for selection
     with torch.no_grad():
         if older <= select_size - recent_keep:  # nothing to choose: every filled slot is attended
             slots = torch.arange(shift, store, device=k.device).expand(k.shape[0], heads, filled)
         else:
-            pool = k[:, :, shift : shift + older]
-            scores = trams_scores(pool, w_q, norm_weight, call.query.shape[1], score, select_per)
-            scores = F.pad(scores, (0, filled - older))  # the recent slots are kept whatever their score
+            scores = F.pad(metric[:, :, shift : shift + older], (0, filled - older))  # the recent slots: kept anyway
             slots = trams_select(scores, frame.valid[:, shift:], recent_keep, select_size) + shift  # [B, Hr, S]
     keys = rotate_at(context, gather_slots(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
     return MemoryRead(keys, gather_slots(v, slots), gather_rows(frame.valid, slots)[:, :, None, :])
