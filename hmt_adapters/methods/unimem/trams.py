@@ -44,7 +44,7 @@ def trams_scores(
     gram = w @ w.transpose(1, 2)  # [Hq, Dh, Dh]
     k = keys.double().repeat_interleave(num_heads // kv_heads, dim=1)  # [B, Hq, M, Dh]
     ones_dot = torch.einsum("bhmd,hd->bhm", k, a)
-    norm = torch.einsum("bhmd,hde,bhme->bhm", k, gram, k).clamp_min(0).sqrt()
+    norm = ((k @ gram) * k).sum(-1).clamp_min(0).sqrt()  # k^T G_h k, one batched matmul
     if score == "code":
         out = norm * ones_dot.abs()
     elif score == "paper":
