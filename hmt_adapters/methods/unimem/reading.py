@@ -306,7 +306,7 @@ def token_read(
     return read
 
 
-def top_entries(scores: torch.Tensor, k: int, group: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def top_entries(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """`scores.topk(k, dim=-1, sorted=False)`, the same entries, in two cheaper passes where there are many rows.
 
     `torch.topk` costs ~3 ns per entry on CPU, more than the grouped matmul that computed the scores (docs/cost.md).
@@ -317,7 +317,7 @@ def top_entries(scores: torch.Tensor, k: int, group: int = 16) -> tuple[torch.Te
     """
     n = scores.shape[-1]
     stride = n // group
-    if stride < 2 * k or scores.numel() < 128 * n:  # few rows (a decoded token): one pass is cheaper
+    if stride <= 2 * k or scores.numel() < 128 * n:  # few rows (a decoded token): one pass is cheaper
         return scores.topk(k, dim=-1, sorted=False)
     main = group * stride
     lead = scores.shape[:-1]
