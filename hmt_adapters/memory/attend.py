@@ -313,15 +313,17 @@ def retrieved_attention(
     mem_visible = read.visible if read.visible.shape[1] == 1 else expand_heads(read.visible, heads)
     visible = joined_visibility([(mem_visible, size), (local_visible, local_size)])
     out, lse = kernel_with_lse(query, keys, values, visible, scaling)
-    lowest = torch.finfo(dtype).min  # a hidden entry's logit, in both parts (`additive_mask`)
-    logits = read.pq_logits.float().masked_fill(~read.pq_visible, lowest)
+    work = torch.promote_types(dtype, torch.float32)  # the retrieved part's softmax, as `joint_attention`'s
+    logits = read.pq_logits.to(work).masked_fill(~read.pq_visible, torch.finfo(work).min)
     retrieved_lse = torch.logsumexp(logits, -1)
     retrieved = torch.einsum("bhqk,bhqkd->bhqd", logits.softmax(-1).to(dtype), read.pq_v.to(dtype))
-    # A query that sees nothing at all gets the explicit softmax's uniform row over all its entries: each part is
-    # then its uniform mean, weighed by its number of entries
-    blind = (lse <= lowest / 2) & (retrieved_lse <= lowest / 2)
-    lse = lse.masked_fill(blind, math.log(size + local_size))
-    retrieved_lse = retrieved_lse.masked_fill(blind, math.log(logits.shape[-1]))
+    # A query that sees nothing at all gets the explicit softmax's uniform row over all its entries: each part its
+    # uniform mean, weighed by its number of entries (the kernel's hidden logits are the dtype's lowest plus q.k)
+    blind = (lse <= torch.finfo(dtype).min / 2) & ~read.pq_visible.any(-1)
+    if bool(blind.any()):
+        out = torch.where(blind[..., None], expand_heads(values.mean(2, keepdim=True), heads), out)
+        lse = lse.masked_fill(blind, math.log(size + local_size))
+        retrieved_lse = retrieved_lse.masked_fill(blind, math.log(logits.shape[-1]))
     return merge_by_lse([(out, lse), (retrieved, retrieved_lse)])
 
 
