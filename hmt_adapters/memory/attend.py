@@ -4,8 +4,9 @@ A reader hands the layer a `MemoryRead`: entries shared by all queries of the se
 for similarity reading, entries retrieved per query (`pq_*`). `attend_memory` runs them with the local keys in one
 joint softmax: through the user's attention kernel when the read is a K/V prefix at key/value-head granularity,
 through torch SDPA when the prefix has one entry set per query head (explicit matmuls if the user chose eager),
-through torch's CPU flash kernel and a log-sum-exp merge for entries retrieved per query when no gradient is needed
-(`retrieved_attention`), else through `joint_attention`; or, with a gate, mixes memory-only and local-only attention.
+else through `joint_attention`; or, with a gate, mixes memory-only and local-only attention. Without gradients on
+CPU, the per-query-head prefix and entries retrieved per query run through torch's flash kernel instead, the softmax
+split into parts merged by their log-sum-exps (`prefix_attention`, `retrieved_attention`).
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ def prefix_attention(
     sees nothing reading every key (padding must not give NaN). For inference on CPU (`inference_kernel`) the two
     parts run as two calls of the flash kernel merged by their log-sum-exps (`merge_by_lse`): the memory unmasked
     where every entry is visible and the segment with the kernel's own causal mask, instead of one masked call over
-    a concatenated copy (1.2x at TRAMS' shape at segments of 128, 1.5x at 512; docs/cost.md). Else one SDPA call."""
+    a concatenated copy (the call alone: 1.2x at TRAMS' shape at segments of 128, 1.5x at 512; docs/cost.md). Else
+    one SDPA call."""
     batch, heads, q_len, _ = query.shape
     size = read.k.shape[2]
     everything = bool(read.visible.all())
