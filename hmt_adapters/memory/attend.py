@@ -207,8 +207,8 @@ def prefix_attention(
     one SDPA call."""
     batch, heads, q_len, _ = query.shape
     size = read.k.shape[2]
-    everything = bool(read.visible.all())
-    mem_visible = None if everything else expand_heads(read.visible, heads).expand(batch, heads, q_len, size)
+    # [B, 1|Hq, 1|q, S], not widened over the queries: the kernel's mask broadcasts it (None: every entry visible)
+    mem_visible = None if bool(read.visible.all()) else expand_heads(read.visible, heads)
     if not dropout and inference_kernel(query, key, value, read.k, read.v):
         local: torch.Tensor | None = local_visible
         if mem_visible is not None:
@@ -228,7 +228,8 @@ def prefix_attention(
         local_all = local_visible.expand(rows, local_heads, q_len, key.shape[2])
         visible = torch.cat([local_all.new_ones(rows, local_heads, q_len, size), local_all], dim=-1)
     else:
-        visible = torch.cat([mem_visible, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
+        mem_all = mem_visible.expand(batch, heads, q_len, size)
+        visible = torch.cat([mem_all, local_visible.expand(batch, heads, q_len, key.shape[2])], dim=-1)
         visible = visible | ~visible.any(-1, keepdim=True)
     keys = torch.cat([_all_heads(read.k, heads).to(query.dtype), _all_heads(key, heads)], dim=2)
     values = torch.cat([_all_heads(read.v, heads).to(query.dtype), _all_heads(value, heads)], dim=2)

@@ -142,5 +142,5 @@ class UniMem(MemoryMethod):
         fold = norm if self.config.fold_norm_weight else None
         with torch.no_grad():
             return trams_scores(
-                keys.detach(), w_q, fold, self.backbone.num_heads, self.config.select_score, self.config.select_per
+                keys, w_q, fold, self.backbone.num_heads, self.config.select_score, self.config.select_per
             )
