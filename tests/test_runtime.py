@@ -189,6 +189,26 @@ def test_logits_are_kept_except_in_a_trainer_training_step():
         assert model.eval()(input_ids=ids, labels=ids, num_items_in_batch=10).logits.shape == (2, 20, 96)
 
 
+@pytest.mark.parametrize("method", ["rmt", "transformer_xl"])
+def test_logits_without_gradients_are_written_into_one_tensor_equal_to_the_concatenated_segments(method):
+    """Without gradients each segment's logits are copied into one `[B, T, V]` tensor (`SegmentRows`); with them
+    they are concatenated. Both give the same rows, a ragged last segment and a padded row included, and the
+    hidden states (`keep_hidden`) are joined the same way."""
+    model = ha.wrap_with_memory(tiny_backbone("llama"), method, segment_length=8).eval()
+    ids = random_ids(2, 21)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding: packed, then unpacked
+    with torch.no_grad():
+        written = model(input_ids=ids, attention_mask=mask).logits
+        hidden = model.hidden_states(ids, mask)
+    joined = model(input_ids=ids, attention_mask=mask).logits  # gradients on: the segments concatenated
+    assert joined.requires_grad == (method == "rmt")  # Transformer-XL has no parameter of its own to train
+    assert not written.requires_grad and written.shape == (2, 21, 96)
+    torch.testing.assert_close(written, joined.detach(), atol=0, rtol=0)
+    real = mask.bool()
+    torch.testing.assert_close(model.adapter.logits(hidden)[real], written[real], atol=1e-5, rtol=1e-5)
+
+
 def test_offload_under_bf16_autocast_moves_no_parameter_cast_and_keeps_gradients(monkeypatch):
     """Autocast casts fp32 weights to bf16 on every use and linear layers save the cast: those must stay in place."""
     monkeypatch.setattr(offload.ActivationOffload, "host_device_types", ())  # meter CPU tensors as if on a GPU

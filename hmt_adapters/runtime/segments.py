@@ -82,6 +82,38 @@ def keep_rows(rows: torch.Tensor, new: State, old: State) -> State:
     return out
 
 
+class SegmentRows:
+    """Each segment's rows `[B, e - s, ...]` (logits or hidden states) joined along time into `[B, T, ...]`.
+
+    Without gradients they are copied into one tensor allocated at the first segment, so each segment's own tensor is
+    freed (and its memory reused) as soon as it is copied: kept as a list and concatenated at the end, a 16-segment
+    forward held every segment's logits and then a second copy of them all (268 MB each at 8k tokens and a vocabulary
+    of 8k), and the fresh pages of both cost more than the LM head (docs/cost.md, "Logits of a long input").
+    With gradients enabled (decided when the run starts) the list is concatenated, so the backward reaches each
+    segment.
+    """
+
+    def __init__(self, total: int):
+        self.total = total
+        self.concatenate = torch.is_grad_enabled()
+        self.parts: list[torch.Tensor] = []
+        self.out: torch.Tensor | None = None
+
+    def add(self, start: int, rows: torch.Tensor) -> None:
+        if self.concatenate:
+            self.parts.append(rows)
+            return
+        if self.out is None:
+            self.out = rows.new_empty(rows.shape[0], self.total, *rows.shape[2:])
+        self.out[:, start : start + rows.shape[1]] = rows
+
+    def joined(self) -> torch.Tensor:
+        if self.concatenate:
+            return torch.cat(self.parts, dim=1)
+        assert self.out is not None  # every segment added its rows
+        return self.out
+
+
 @dataclass
 class RunResult:
     loss_sum: torch.Tensor  # fp32 scalar: summed cross-entropy
@@ -151,7 +183,7 @@ class SegmentRuntime:
                 plans = self.method.plan(segments, tensors)
         loss_sum = torch.zeros((), device=input_ids.device)
         num_tokens = torch.zeros((), device=input_ids.device, dtype=torch.long)
-        logits = []
+        logits = SegmentRows(input_ids.shape[1]) if keep_logits else None
         closed = 0
         supervised = supervised_segments(targets, spans)
         if targets is not None and not any(supervised):
@@ -183,10 +215,10 @@ class SegmentRuntime:
             loss_sum = loss_sum + ce
             num_tokens = num_tokens + count
             closed += int(closes)
-            if keep_logits:
-                logits.append(seg_logits)
+            if logits is not None:
+                logits.add(s, seg_logits)
         new_state = MemoryState(state.method, tensors, state.segments_seen + closed, extras=dict(state.extras))
-        return RunResult(loss_sum, num_tokens, torch.cat(logits, dim=1) if keep_logits else None, new_state)
+        return RunResult(loss_sum, num_tokens, logits.joined() if logits is not None else None, new_state)
 
     def _offload(self) -> ActivationOffload:
         return ActivationOffload([self.backbone.model, self.method])
