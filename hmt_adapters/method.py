@@ -93,10 +93,11 @@ class MemoryMethod(nn.Module):
     # segment itself, and is `write_records`. Generation then closes a segment decoded token by token from the
     # records its steps kept instead of reading it again (`runtime/open_segment.close`).
     writes_from_records: bool = False
-    # True: `update` reads nothing but the window's final hidden states, its attention records and the segment's ids
-    # and mask (no note a read leaves in its context, no embeddings). Generation then closes a decoded segment by
-    # running only its suffix through the segment's cache, with the hidden states its steps computed, instead of
-    # reading it again.
+    # True: `update` reads nothing but the window's final hidden states, its attention records, the segment's ids
+    # and mask, and what the method's own layer hooks computed from the steps and the suffix (MELODI's mixers,
+    # `closing_decoded`); no note a read leaves in its context, no embeddings. Generation then closes a decoded
+    # segment by running only its suffix through the segment's cache, with the hidden states its steps computed,
+    # instead of reading it again.
     writes_from_window: bool = False
 
     def __init__(self, config: MemoryConfig, backbone: BackboneAdapter):
@@ -154,6 +155,11 @@ class MemoryMethod(nn.Module):
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         """The state after `segment`, from the final hidden states of its whole window `[B, W, d]`."""
         return state
+
+    def closing_decoded(self, segment: Segment, layout: Layout) -> None:
+        """A segment decoded token by token is about to close from its steps (`writes_from_window`): its whole
+        `segment` (ids and mask) is known, and its layout's suffix runs through the segment's cache next. A method
+        whose layer hooks write from the suffix's pass (MELODI's mixers) gets ready for it here; default nothing."""
 
     def write_records(self, segment: Segment, state: State, layout: Layout) -> State:
         """The state after `segment` from its attention records alone (methods with `writes_from_records`)."""

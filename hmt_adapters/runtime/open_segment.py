@@ -6,8 +6,8 @@ A segment is opened from the state of the closed ones (its layout prepared once)
 backbone's cache over `[prefix ; tokens]`, and folded into memory when it fills up: from the attention records its
 steps kept where the method writes from those alone (`MemoryMethod.writes_from_records`: the K/V methods), from
 those and the steps' hidden states with the window's suffix run through the cache where it writes from the window
-(`writes_from_window`: HMT, RMT, UniMix), else by reading it again with the exact training-time segment step
-(MELODI, InfLLM: their writes use what their reads noted).
+(`writes_from_window`: HMT, RMT, UniMix, MELODI), else by reading it again with the exact training-time segment
+step (InfLLM: its writes use what its reads noted).
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def close(
     tensors, layout = state.tensors, open_.layout
     segment = Segment(ids, mask, state.segments_seen, None)
     if open_.hidden is not None:
+        runtime.method.closing_decoded(segment, layout)
         if layout.suffix is not None and layout.suffix_mask is not None:
             _, open_ = _feed(runtime, open_, layout.suffix.to(open_.hidden[-1].dtype), layout.suffix_mask)
         if layout.attention is not None:

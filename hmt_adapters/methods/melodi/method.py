@@ -43,6 +43,11 @@ class MelodiWindow(AttentionContext):
     `short_term[l]` (`z_k^l`) and `long_term` (`T_m Y`) are filled by the hooks as the layers run. `cached` says
     whether the latest attention call continued a KV cache (token-by-token decoding of an open window, which has
     no summary slots: the mixers run when the whole window is read, MELODI App. C.2).
+
+    A window decoded token by token keeps, per layer with mixers, its tokens' outputs of every call (`steps`); when
+    it closes (`closing`, set by `Melodi.closing_decoded`) only the summary slots run through the cache, and each
+    layer's mixers read `[the steps' token outputs ; the summaries' outputs]`: the `Y` a whole read of the window
+    gives (no token sees a summary), without reading the tokens again (docs/melodi.md, "Decoding").
     """
 
     owner: Melodi | None = None
@@ -50,6 +55,8 @@ class MelodiWindow(AttentionContext):
     short_term: dict[int, torch.Tensor] = field(default_factory=dict)
     long_term: torch.Tensor | None = None
     cached: bool = False
+    steps: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    closing: bool = False
 
     def attend(self, call: AttentionCall):
         self.cached = call.key.shape[2] != call.query.shape[2]
@@ -88,6 +95,8 @@ class Melodi(MemoryMethod):
     config_class = MelodiConfig
     config: MelodiConfig
     needs_attention = True
+    # a decoded window closes by running its summary slots through its cache (`closing_decoded`), not read again
+    writes_from_window = True
 
     def __init__(self, config: MelodiConfig, backbone):
         super().__init__(config, backbone)
@@ -154,19 +163,31 @@ class Melodi(MemoryMethod):
     def branch(self, layer: int, hidden: torch.Tensor, window: MelodiWindow) -> torch.Tensor | None:
         """Summary branching after decoder layer `layer` (MELODI §3.2, Fig. 2): keep `z = T_z Y` (and `T_m Y` at the
         long-term layer) for `update`, send `T_u Y` up in the summary slots. None leaves the layer's output as is."""
-        mixers = self._mixers_of(layer)
         assert window.token_mask is not None  # set by prepare
-        if not mixers or window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
-            return None  # no mixers here, or not a whole window `[tokens ; summaries]`
+        if not self._mixers_of(layer):
+            return None
+        if window.closing:  # a decoded window's summary slots after its steps' tokens (`closing_decoded`)
+            return self._mixed(layer, torch.cat([*window.steps.pop(layer, []), hidden], 1), window).get("up")
+        if window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
+            window.steps.setdefault(layer, []).append(hidden)  # tokens of a window decoded step by step
+            return None
+        outputs = self._mixed(layer, hidden, window)
+        if "up" not in outputs:
+            return None
+        return torch.cat([hidden[:, : window.token_mask.shape[1]], outputs["up"]], dim=1)
+
+    def _mixed(self, layer: int, hidden: torch.Tensor, window: MelodiWindow) -> dict[str, torch.Tensor]:
+        """Layer `layer`'s mixers applied to its whole output `Y = [tokens ; summaries]`, by role; keeps `z` and
+        `T_m Y` in `window` for `update`."""
+        assert window.token_mask is not None  # set by prepare (and `closing_decoded`)
+        mixers = self._mixers_of(layer)
         mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
         outputs = dict(zip(mixers, mixed.split([w.shape[0] for w in mixers.values()], dim=1)))
         if "memory" in outputs:
             window.short_term[layer] = outputs["memory"]
         if "long_term" in outputs:
             window.long_term = outputs["long_term"]
-        if "up" not in outputs:
-            return None
-        return torch.cat([hidden[:, : window.token_mask.shape[1]], outputs["up"]], dim=1)
+        return outputs
 
     def _mixers_of(self, layer: int) -> dict[str, torch.Tensor]:
         """The token mixers after decoder layer `layer`, by role (`memory` T_z, `long_term` T_m, `up` T_u)."""
@@ -178,6 +199,12 @@ class Melodi(MemoryMethod):
         if key in self.mixer_up:
             mixers["up"] = self.mixer_up[key]
         return mixers
+
+    def closing_decoded(self, segment: Segment, layout: Layout) -> None:
+        """The decoded window closes: its summary slots run through its cache next, and the mixers read the steps'
+        token outputs kept in its context with theirs (`MelodiWindow`), under the whole window's token mask."""
+        window: MelodiWindow = layout.attention
+        window.token_mask, window.closing = segment.mask, True
 
     def update(self, segment: Segment, state: State, layout: Layout, hidden: torch.Tensor) -> State:
         window: MelodiWindow = layout.attention
