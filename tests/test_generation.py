@@ -150,7 +150,8 @@ def test_generation_stops_at_eos_and_streams_every_token():
 
 
 @pytest.mark.parametrize(
-    "method,family", [("hmt", "llama"), ("rmt", "opt"), ("transformer_xl", "llama"), ("hmt", "mamba")]
+    "method,family",
+    [("hmt", "llama"), ("rmt", "opt"), ("transformer_xl", "llama"), ("hmt", "mamba"), ("melodi", "llama")],
 )
 def test_left_padded_batches_generate_what_each_row_generates_alone(method, family):
     model = wrap(method, family).eval()
