@@ -134,7 +134,9 @@ class UnionSlots:
     g_visible: torch.Tensor  # [B, 1, G] bool: global entry g exists
     window_pos: torch.Tensor  # [B, W] stream positions of the slots from `start`
     window_hidden: torch.Tensor  # [B, W] bool: empty or global (never read as window, never retrieved)
-    older_hidden: torch.Tensor | None  # [B, 1, 1, start] bool: not retrievable before `start`; None: dense store
+    # [B, 1, 1, start] 0 or -inf in the query's dtype: added to the scores of the slots before `start` that cannot be
+    # retrieved (empty or global); None: a dense store, whose global entries are its first slots in every row
+    older_bias: torch.Tensor | None
     k_shared: torch.Tensor  # [B, Hkv, G + W, D] global then window keys, rotated
     v_shared: torch.Tensor
     k_all: torch.Tensor | None = None  # [B, Hkv, size, D] the filled store rotated, contiguous (top-k only)
@@ -179,7 +181,7 @@ def union_slots(
         g_visible=(g[None] < count[:, None])[:, None, :],
         window_pos=pos[:, start:],
         window_hidden=hidden[:, start:],
-        older_hidden=None if frame.dense else hidden[:, None, None, :start],
+        older_bias=None if frame.dense else hidden_bias(hidden[:, None, None, :start], call.query.dtype),
         k_shared=rotate_at(context, gather_slots(k, slots), shared_pos, call.query),
         v_shared=gather_slots(v, slots),
     )
@@ -252,21 +254,30 @@ def top_candidates(
     assert layout.k_all is not None  # built for top-k (`union_slots`)
     batch, heads, q_len, _ = query.shape
     start, size = layout.start, layout.size
+    # The slots from `start` on that a query cannot retrieve (in its window, empty or global), `[B, 1, q, W]`
+    window_bias = hidden_bias((near | layout.window_hidden[:, None])[:, None], query.dtype) if start < size else None
     found = []
     for rows in query_slices(q_len, batch * heads * size):
         logits = head_scores(query[:, :, rows], layout.k_all)  # [B, Hq, rows, size]
         # Before `start` no slot is in a window: one mask per row, or, where every slot holds an entry, the global
-        # entries are the first slots of every row.
-        if layout.older_hidden is None:
+        # entries are the first slots of every row. Masks are added as 0 / -inf: a broadcast `masked_fill_` costs
+        # ~7x an `add_` on CPU (docs/cost.md).
+        if layout.older_bias is None:
             logits[..., : min(global_tokens, start)] = float("-inf")
         else:
-            logits[..., :start].masked_fill_(layout.older_hidden, float("-inf"))
-        if start < size:
-            logits[..., start:].masked_fill_((near[:, rows] | layout.window_hidden[:, None])[:, None], float("-inf"))
+            logits[..., :start].add_(layout.older_bias)
+        if window_bias is not None:
+            logits[..., start:].add_(window_bias[:, :, rows])
         found.append(top_entries(logits, min(topk, size)))
     if len(found) == 1:
         return found[0]
     return torch.cat([f[0] for f in found], dim=2), torch.cat([f[1] for f in found], dim=2)
+
+
+def hidden_bias(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`hidden` (bool) as scores to add: -inf where True, 0 elsewhere (exact: x + 0 = x, x + -inf = -inf for any
+    finite score)."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
 def token_read(
