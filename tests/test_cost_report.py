@@ -7,13 +7,15 @@ import copy
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from cases import METHOD_CASES, SEGMENT, wrap  # noqa: E402
 from common import counted_flops  # noqa: E402
 from cost_report import decode_flops, keep_rows  # noqa: E402
-from tiny import tiny_backbone  # noqa: E402
+from tiny import random_ids, tiny_backbone  # noqa: E402
 
 
 def rows(*names: str) -> dict:
@@ -88,3 +90,12 @@ def test_decode_flops_are_the_new_tokens_alone():
     extra_keys = 16 * 3  # each of the 3 decoded tokens (the first comes with the prefill) reads 16 more keys
     per_key = 2 * 2 * config.num_attention_heads * dim * config.num_hidden_layers  # scores and values, every layer
     assert long - short == extra_keys * per_key
+
+
+@pytest.mark.parametrize("method", list(METHOD_CASES))
+def test_decode_flops_count_every_method_through_a_closing_segment(method):
+    """The FLOP counter tracks modules through gradient hooks, which reject an input that needs a gradient under
+    no_grad: a view of a parameter fed to the backbone as it is (MELODI's summaries, when a decoded segment closed
+    from its steps) stopped the decode table's count."""
+    model = wrap(method, "llama").eval()
+    assert decode_flops(model, random_ids(1, 2 * SEGMENT), SEGMENT + 2) > 0  # the third segment closes

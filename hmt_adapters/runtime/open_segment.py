@@ -159,7 +159,11 @@ def close(
     if open_.hidden is not None:
         runtime.method.closing_decoded(segment, layout)
         if layout.suffix is not None and layout.suffix_mask is not None:
-            _, open_ = _feed(runtime, open_, layout.suffix.to(open_.hidden[-1].dtype), layout.suffix_mask)
+            # A view of a parameter (MELODI's summaries) keeps `requires_grad` even under no_grad; fed as it is, it
+            # reaches the backbone as a leaf needing a gradient, which hooks that track gradients (torch's FLOP
+            # counter) reject
+            suffix = layout.suffix if torch.is_grad_enabled() else layout.suffix.detach()
+            _, open_ = _feed(runtime, open_, suffix.to(open_.hidden[-1].dtype), layout.suffix_mask)
         if layout.attention is not None:
             assert open_.records is not None
             layout.attention.records = unrotate_records(open_.records)
