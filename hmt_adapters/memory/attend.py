@@ -98,12 +98,13 @@ def joined_visibility(parts: list[tuple[torch.Tensor | None, int]]) -> torch.Ten
     )
 
 
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`visible` as an additive mask: hidden keys get the dtype's lowest value, not -inf, so a query that sees no
-    key gets a uniform row (no NaN), as an explicit softmax over masked-filled logits gives it."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
-        ~visible, torch.finfo(dtype).min
-    )
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, hidden_value: float | None = None) -> torch.Tensor:
+    """`visible` as an additive mask: 0 where visible, `hidden_value` elsewhere. By default the dtype's lowest value,
+    not -inf, so a query that sees no key gets a uniform row (no NaN), as an explicit softmax over masked-filled
+    logits gives it; -inf where hidden scores must stay -inf (the top-k reads: x + 0 = x and x + -inf = -inf exactly
+    for any finite score, at a fraction of a broadcast `masked_fill_`'s cost on CPU, docs/cost.md)."""
+    low = torch.finfo(dtype).min if hidden_value is None else hidden_value
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, low)
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -164,23 +164,26 @@ class Melodi(MemoryMethod):
         """Summary branching after decoder layer `layer` (MELODI §3.2, Fig. 2): keep `z = T_z Y` (and `T_m Y` at the
         long-term layer) for `update`, send `T_u Y` up in the summary slots. None leaves the layer's output as is."""
         assert window.token_mask is not None  # set by prepare
-        if not self._mixers_of(layer):
+        mixers = self._mixers_of(layer)
+        if not mixers:
             return None
         if window.closing:  # a decoded window's summary slots after its steps' tokens (`closing_decoded`)
-            return self._mixed(layer, torch.cat([*window.steps.pop(layer, []), hidden], 1), window).get("up")
+            return self._mixed(layer, mixers, torch.cat([*window.steps.pop(layer, []), hidden], 1), window).get("up")
         if window.cached or hidden.shape[1] != window.token_mask.shape[1] + self.config.summary_tokens:
             window.steps.setdefault(layer, []).append(hidden)  # tokens of a window decoded step by step
             return None
-        outputs = self._mixed(layer, hidden, window)
+        outputs = self._mixed(layer, mixers, hidden, window)
         if "up" not in outputs:
             return None
         return torch.cat([hidden[:, : window.token_mask.shape[1]], outputs["up"]], dim=1)
 
-    def _mixed(self, layer: int, hidden: torch.Tensor, window: MelodiWindow) -> dict[str, torch.Tensor]:
-        """Layer `layer`'s mixers applied to its whole output `Y = [tokens ; summaries]`, by role; keeps `z` and
-        `T_m Y` in `window` for `update`."""
+    @staticmethod
+    def _mixed(
+        layer: int, mixers: dict[str, torch.Tensor], hidden: torch.Tensor, window: MelodiWindow
+    ) -> dict[str, torch.Tensor]:
+        """Layer `layer`'s `mixers` (`_mixers_of`) applied to its whole output `Y = [tokens ; summaries]`, by role;
+        keeps `z` and `T_m Y` in `window` for `update`."""
         assert window.token_mask is not None  # set by prepare (and `closing_decoded`)
-        mixers = self._mixers_of(layer)
         mixed = mix(torch.cat(list(mixers.values())), hidden, window.token_mask)
         outputs = dict(zip(mixers, mixed.split([w.shape[0] for w in mixers.values()], dim=1)))
         if "memory" in outputs:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ...attention import AttentionCall, AttentionContext, apply_rope
-from ...memory.attend import MemoryRead, decode_keys, decode_visible, head_scores, query_slices
+from ...memory.attend import MemoryRead, additive_mask, decode_keys, decode_visible, head_scores, query_slices
 from .trams import trams_select
 
 
@@ -175,13 +175,14 @@ def union_slots(
     g_slots = (first[:, None] + g[None]).clamp(max=size - 1)
     slots = torch.cat([g_slots, slot[start:].expand(batch, -1)], dim=1)  # global slots, then the window's
     shared_pos = frame.key_positions(gather_rows(pos, slots))
+    dtype = call.query.dtype
     layout = UnionSlots(
         size=size,
         start=start,
         g_visible=(g[None] < count[:, None])[:, None, :],
         window_pos=pos[:, start:],
         window_hidden=hidden[:, start:],
-        older_bias=None if frame.dense else hidden_bias(hidden[:, None, None, :start], call.query.dtype),
+        older_bias=None if frame.dense else additive_mask(~hidden[:, None, None, :start], dtype, float("-inf")),
         k_shared=rotate_at(context, gather_slots(k, slots), shared_pos, call.query),
         v_shared=gather_slots(v, slots),
     )
@@ -255,7 +256,9 @@ def top_candidates(
     batch, heads, q_len, _ = query.shape
     start, size = layout.start, layout.size
     # The slots from `start` on that a query cannot retrieve (in its window, empty or global), `[B, 1, q, W]`
-    window_bias = hidden_bias((near | layout.window_hidden[:, None])[:, None], query.dtype) if start < size else None
+    window_bias = None
+    if start < size:
+        window_bias = additive_mask(~(near | layout.window_hidden[:, None])[:, None], query.dtype, float("-inf"))
     found = []
     for rows in query_slices(q_len, batch * heads * size):
         logits = head_scores(query[:, :, rows], layout.k_all)  # [B, Hq, rows, size]
@@ -272,12 +275,6 @@ def top_candidates(
     if len(found) == 1:
         return found[0]
     return torch.cat([f[0] for f in found], dim=2), torch.cat([f[1] for f in found], dim=2)
-
-
-def hidden_bias(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`hidden` (bool) as scores to add: -inf where True, 0 elsewhere (exact: x + 0 = x, x + -inf = -inf for any
-    finite score)."""
-    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
 def token_read(
