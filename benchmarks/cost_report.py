@@ -16,6 +16,9 @@ Definitions, the same for every row:
   kernel skips the masked half of the bare segment's attention, which an explicit memory mask cannot do.
 - **speed x FLOPs**: (tokens/s over bare's) x (FLOPs over bare's), i.e. the FLOP rate relative to bare's: 1.0 is the
   speed the arithmetic predicts; below 1.0, work the FLOP count does not see (top-k, gathers, masks) or slower kernels.
+- **selection share**: the share of a forward's time spent choosing each query's top-k entries
+  (`reading.top_entries`: the Memorizing Transformer's and UniMix' reads), timed in one forward of its own after the
+  rounds; `speed x FLOPs / (1 - share)` is what the row would read if that choice cost nothing.
 - **peak memory**: CPU: the peak RSS one forward adds to the built model (a fresh process per row); CUDA:
   `torch.cuda.max_memory_allocated` during one forward minus what was allocated before it. Plus the memory state.
 - **per-segment time vs length**: a `step` stream (batch 1), rows interleaved segment by segment; the median of the
@@ -45,6 +48,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 import hmt_adapters as ha  # noqa: E402
 from common import RESULTS, ROOT, counted_flops, in_fresh_process, interleaved, provenance  # noqa: E402
+from hmt_adapters.methods.unimem import reading  # noqa: E402
 
 DOC = ROOT / "docs" / "cost.md"
 PARTS = ("speed", "memory", "length", "decode")
@@ -152,6 +156,28 @@ def forward(model: ha.MemoryModel, ids: torch.Tensor, memory: bool) -> None:
                 model(input_ids=ids, labels=ids)
 
 
+def selection_share(model: ha.MemoryModel, ids: torch.Tensor, device: str) -> float:
+    """The share of one forward's time (`seconds`) spent in the per-query top-k selection (`reading.top_entries`,
+    which the FLOP count does not see), in a forward of its own: the timed rounds run without this timer."""
+    select, spent, open_calls = reading.top_entries, [], []
+
+    def timed(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+        if open_calls:  # the selection's own recursion (it calls the module-level name): inside its caller's time
+            return select(scores, k, group)
+        open_calls.append(True)
+        found = []
+        spent.append(seconds(lambda: found.append(select(scores, k, group)), device))
+        open_calls.pop()
+        return found[0]
+
+    reading.top_entries = timed  # the module-level name `top_candidates` calls
+    try:
+        total = seconds(lambda: forward(model, ids, True), device)
+    finally:
+        reading.top_entries = select
+    return sum(spent) / total
+
+
 def summary(times: dict[str, list[float]], per: float) -> dict[str, dict]:
     """Median rate (`per` / seconds) of each row and its per-round ratio to bare (median, lowest, highest)."""
     out = {}
@@ -180,6 +206,9 @@ def speed(methods: list[str], device: str, rounds: int) -> dict:
         runs = {"bare": lambda: seconds(lambda: forward(first, ids, False), device)}  # noqa: B023
         runs.update({m: (lambda m=m: seconds(lambda: forward(models[m], ids, True), device)) for m in methods})  # noqa: B023, F821
         rows = summary(interleaved(runs, rounds), ids.numel())
+        rows["bare"]["selection_share"] = 0.0
+        for m in methods:
+            rows[m]["selection_share"] = selection_share(models[m], ids, device)
         del models
         flops = {}
         for name in ["bare", *methods]:
@@ -347,6 +376,15 @@ def _spread(row: dict) -> str:
     return f"{row['spread'][0]:.2f}-{row['spread'][1]:.2f}"
 
 
+def _selection_cells(row: dict) -> str:
+    """A speed row's selection share and its speed x FLOPs without the selection (`-` for rows measured before the
+    share was)."""
+    if "selection_share" not in row:
+        return "- | -"
+    share = row["selection_share"]
+    return f"{share:.2f} | {row['speed_x_flops'] / (1 - share):.2f}"
+
+
 def _decode_cells(row: dict) -> str:
     """A decode row's cells for one batch size (rows measured before decode FLOPs were counted show `-` there)."""
     counted = [f"{row[k]:.2f}" if k in row else "-" for k in ("flops_vs_bare", "speed_x_flops")]
@@ -371,14 +409,14 @@ def render(results: dict[str, dict]) -> str:
                     _header(data["speed"], data["speed"]["command"]) + f", {run['rounds']} rounds",
                     "",
                     "| method | tokens/s | speed x bare (spread) | FLOPs x bare | attention FLOPs x bare | "
-                    "speed x FLOPs |",
-                    "|---|---|---|---|---|---|",
+                    "speed x FLOPs | top-k selection share | speed x FLOPs, selection free |",
+                    "|---|---|---|---|---|---|---|---|",
                 ]
                 for name, r in run["rows"].items():
                     lines.append(
                         f"| {_label(name, r)} | {r['rate']:,.0f} | {r['vs_bare']:.2f} ({_spread(r)}) | "
                         f"{r['flops_vs_bare']:.2f} | {r['attention_flops_vs_bare']:.2f} | "
-                        f"{r['speed_x_flops']:.2f} |"
+                        f"{r['speed_x_flops']:.2f} | {_selection_cells(r)} |"
                     )
                 lines.append("")
         if "memory" in data:

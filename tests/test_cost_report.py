@@ -1,5 +1,5 @@
 """benchmarks/cost_report.py: re-measuring some methods keeps the other rows of every part; FLOPs count what the
-decode reads run (docs/cost.md)."""
+decode reads run; the selection share times the per-query top-k alone (docs/cost.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from cases import METHOD_CASES, SEGMENT, wrap  # noqa: E402
 from common import counted_flops  # noqa: E402
-from cost_report import decode_flops, keep_rows  # noqa: E402
+from cost_report import decode_flops, keep_rows, selection_share  # noqa: E402
+from hmt_adapters.methods.unimem import reading
 from tiny import random_ids, tiny_backbone  # noqa: E402
 
 
@@ -99,3 +100,14 @@ def test_decode_flops_count_every_method_through_a_closing_segment(method):
     from its steps) stopped the decode table's count."""
     model = wrap(method, "llama").eval()
     assert decode_flops(model, random_ids(1, 2 * SEGMENT), SEGMENT + 2) > 0  # the third segment closes
+
+
+def test_selection_share_times_the_per_query_top_k_alone():
+    """The speed table's selection share: a part of a top-k read's forward, nothing for a read without per-query
+    top-k, and the selection is the package's own again afterwards."""
+    select = reading.top_entries
+    ids = random_ids(1, 4 * SEGMENT)
+    share = selection_share(wrap("memorizing_transformer", "llama").eval(), ids, "cpu")
+    assert 0 < share < 1
+    assert selection_share(wrap("transformer_xl", "llama").eval(), ids, "cpu") == 0
+    assert reading.top_entries is select
