@@ -20,7 +20,8 @@ Definitions, the same for every row:
   (`reading.top_entries`: the Memorizing Transformer's and UniMix' reads), timed in one forward of its own after the
   rounds; `speed x FLOPs / (1 - share)` is what the row would read if that choice cost nothing.
 - **peak memory**: CPU: the peak RSS one forward adds to the built model (a fresh process per row); CUDA:
-  `torch.cuda.max_memory_allocated` during one forward minus what was allocated before it. Plus the memory state.
+  `torch.cuda.max_memory_allocated` during one forward minus what was allocated before it (one process, the rows
+  one after another, the cache emptied between them). Plus the memory state.
 - **per-segment time vs length**: a `step` stream (batch 1), rows interleaved segment by segment; the median of the
   8 segments that end at each length.
 - **decode**: tokens/s of `generate` after a prompt of 7.5 segments, one segment's worth of new tokens (so one fold
@@ -34,6 +35,7 @@ rows see the same machine state); `spread` is the lowest and highest per-round r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -114,8 +116,9 @@ SETUPS = {
 def backbone(model: str, device: str, attn: str = "sdpa") -> torch.nn.Module:
     config = LlamaConfig(max_position_embeddings=4096, **MODELS[model])
     torch.manual_seed(0)
-    net = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-    return net.to(device=device, dtype=SETUPS[device]["dtype"]).eval()
+    with torch.device(device):  # initialised where it runs: a 1B-class model's CPU init takes seconds per copy
+        net = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    return net.to(dtype=SETUPS[device]["dtype"]).eval()
 
 
 def wrapped(method: str, model: str, segment: int, device: str, attn: str = "sdpa") -> ha.MemoryModel:
@@ -264,7 +267,12 @@ def memory(methods: list[str], device: str, rounds: int) -> dict:
         rows = {}
         for name in ["bare", *methods]:
             spec = json.dumps([name, model, segment, batch, segments, device])
-            rows[name] = in_fresh_process(__file__, "--peak-worker", spec)
+            if device == "cuda":  # the allocator counts this forward's tensors alone: one process serves every row
+                gc.collect()
+                torch.cuda.empty_cache()
+                rows[name] = peak_worker(spec)
+            else:  # the peak RSS of a process: a fresh one per row
+                rows[name] = in_fresh_process(__file__, "--peak-worker", spec)
         out[f"{model}/{segment}"] = {
             "model": model,
             "segment": segment,
