@@ -167,15 +167,21 @@ def test_fast_reads_equal_the_dense_reads(case, monkeypatch):
     assert torch.equal(chunked[3], fast[3])
 
 
-def test_two_pass_top_k_finds_the_entries_of_torch_topk():
-    """`top_entries` (group maxima, then the best groups' entries) returns the values `torch.topk` returns, at
-    indices that hold them: many rows (the two-pass path), lengths not divisible by the group, rows with fewer
-    finite entries than k, ties at -inf, and few rows (one pass)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_two_pass_top_k_finds_the_entries_of_torch_topk(dtype):
+    """`top_entries` (group maxima, then the best groups' entries, each `topk` on the scores' bits as integers)
+    returns the values `torch.topk` returns, at indices that hold them: many rows (the two-pass path), lengths not
+    divisible by the group, rows with fewer finite entries than k, ties at -inf, rows whose best entries are
+    negative or zero of either sign, and few rows (one pass)."""
     gen = torch.Generator().manual_seed(3)
     for rows, n, k in [(300, 5120, 32), (300, 1283, 4), (260, 2000, 32), (4, 1280, 4)]:
         scores = torch.randn(2, rows // 2, n, generator=gen)
         scores[0, :7, : n - 10] = float("-inf")  # 10 finite entries, k of 32 asks for more
         scores[1, :3, n // 3 :] = float("-inf")
+        scores[0, 7:20] -= 100.0  # every entry negative: their bits as integers order them in reverse
+        scores[1, 3:6, ::2] = 0.0
+        scores[1, 3:6, 1::2] = -0.0
+        scores = scores.to(dtype)
         values, index = top_entries(scores, k)
         expected = scores.topk(k, dim=-1).values
         assert torch.equal(values.sort(-1, descending=True).values, expected)
