@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
-from ...memory.attend import head_mix, head_scores, parts_attention, query_slices
+from ...memory.attend import additive_mask, head_mix, head_scores, parts_attention, query_slices
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
 from . import growing
 from .block_pages import BlockPages
@@ -564,8 +564,8 @@ class InfLLM(MemoryMethod):
         if softcap:
             buffer.div_(softcap).tanh_().mul_(softcap)
         for part, mask in zip(parts, masks):
-            if mask is not None:
-                part.masked_fill_(~mask, low)
+            if mask is not None:  # plus 0 / lowest (the same logits): a broadcast `masked_fill_` costs ~7x an `add_`
+                part.add_(additive_mask(mask, torch.float32))
         torch.ops.aten._softmax.out(buffer, -1, False, out=buffer)  # in place: each row is read before it is written
         return list(buffer.split(widths, dim=-1))
 
