@@ -349,8 +349,12 @@ def top_entries(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Ten
 
 
 # the signed integer type of each float type's width (`ordered_bits`)
-SAME_WIDTH_INTS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16}
-SAME_WIDTH_INTS[torch.bfloat16] = torch.int16
+SAME_WIDTH_INTS = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
 
 
 def ordered_bits(x: torch.Tensor) -> torch.Tensor:
