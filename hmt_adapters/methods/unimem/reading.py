@@ -325,8 +325,9 @@ def top_entries(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Ten
 
     The k best groups are found the same way, one level down, where `torch.topk` over the `stride` maxima would
     take its slower path (`nth_element`, ~9 ns per entry, when `64 * k > stride`; `partial_sort` below, ~2 ns): k=32
-    over 5,120 slots 1.3x faster than two levels (docs/cost.md). Every `topk` runs on the scores' `ordered_bits`
-    (integers in the floats' order): torch's integer comparisons skip the NaN test of its float ones, ~1.3x faster.
+    over 5,120 slots 1.3x faster than two levels (docs/cost.md). On CPU every `topk` runs on the scores'
+    `ordered_bits` (integers in the floats' order): torch's integer comparisons skip the NaN test of its float
+    ones, ~1.3x faster.
     """
     n = scores.shape[-1]
     stride = n // group
@@ -358,11 +359,12 @@ SAME_WIDTH_INTS = {
 
 
 def ordered_bits(x: torch.Tensor) -> torch.Tensor:
-    """`x`'s floats as signed integers of the same width in the same order (integers as they are). A float's bits read
-    as an integer order the non-negative floats correctly and the negative ones in reverse (sign and magnitude):
-    flipping a negative float's magnitude bits reverses them back. -0.0 lands just below +0.0 (a tie either way)
-    and a NaN with its sign bit set below every number (`torch.topk` ranks every NaN first)."""
-    if not x.is_floating_point():
+    """What `top_entries` ranks `x` by: on CPU its floats as signed integers of the same width in the same order
+    (integers, and tensors elsewhere, as they are: a GPU's `topk` is a radix select, the same for either). A float's
+    bits read as an integer order the non-negative floats correctly and the negative ones in reverse (sign and
+    magnitude): flipping a negative float's magnitude bits reverses them back. -0.0 lands just below +0.0 (a tie
+    either way) and a NaN with its sign bit set below every number (`torch.topk` ranks every NaN first)."""
+    if not x.is_floating_point() or x.device.type != "cpu":
         return x
     bits = x.view(SAME_WIDTH_INTS[x.dtype])
     return bits ^ ((bits >> (8 * bits.element_size() - 1)) & torch.iinfo(bits.dtype).max)
