@@ -105,6 +105,9 @@ class MemoryMethod(nn.Module):
         self.config = config
         self.backbone = backbone
 
+    # the configuration fields that size `window_slots` (named when the slots alone fill the backbone's positions)
+    window_slot_fields: tuple[str, ...] = ()
+
     def window_slots(self) -> int:
         """Extra positions a segment's window holds besides its `segment_length` tokens."""
         return 0
@@ -122,13 +125,18 @@ class MemoryMethod(nn.Module):
     def check_backbone(self) -> None:
         """Raise `ValueError` when the method's windows do not fit the backbone's positions."""
         limit = self.backbone.max_positions
-        window = self.config.segment_length + self.window_slots()
-        if limit is not None and window > limit:
-            raise ValueError(
-                f"A segment window of {window} positions (`segment_length`={self.config.segment_length} plus "
-                f"{self.window_slots()} memory slots) exceeds the backbone's {limit} positions "
-                f"(max_position_embeddings); lower `segment_length` to at most {limit - self.window_slots()}."
-            )
+        slots = self.window_slots()
+        window = self.config.segment_length + slots
+        if limit is None or window <= limit:
+            return
+        problem = (
+            f"A segment window of {window} positions (`segment_length`={self.config.segment_length} plus {slots} "
+            f"memory slots) exceeds the backbone's {limit} positions (max_position_embeddings)"
+        )
+        if slots < limit:
+            raise ValueError(f"{problem}; lower `segment_length` to at most {limit - slots}.")
+        fields = " or ".join(f"`{name}`" for name in self.window_slot_fields)
+        raise ValueError(f"{problem}: the memory slots alone fill them; lower {fields or 'the memory slots'}.")
 
     def layout_fixed_after(self) -> int:
         """Segment tokens after which `prepare` no longer depends on the segment's own tokens (0: never does)."""

@@ -43,6 +43,18 @@ def test_windows_that_do_not_fit_the_positions_fail_at_wrap_time():
         ha.wrap_with_memory(tiny_backbone("opt"), "hmt", segment_length=MAX_POSITIONS - 31, sensory_length=32)
 
 
+@pytest.mark.parametrize(
+    ("method", "field", "value"),
+    [("unimix", "memory_tokens", 40), ("rmt", "num_memory_tokens", 40), ("hmt", "sensory_length", 70)],
+)
+def test_memory_slots_that_fill_the_positions_alone_name_their_field(method, field, value):
+    """Lowering `segment_length` cannot help when the memory slots alone exceed the positions: the error names
+    the field that sizes them instead of a segment length below 1."""
+    with pytest.raises(ValueError, match=rf"exceeds the backbone.s 64 positions.*slots alone.*lower `{field}`") as err:
+        ha.wrap_with_memory(tiny_backbone("llama"), method, segment_length=16, **{field: value})
+    assert "at most" not in str(err.value)
+
+
 def test_wrap_rejects_unknown_methods_and_non_models():
     with pytest.raises(ValueError, match="Unknown memory method 'xl'"):
         ha.wrap_with_memory(tiny_backbone("llama"), "xl")

@@ -25,6 +25,7 @@ class HMT(MemoryMethod):
     config_class = HMTConfig
     writes_from_window = True  # `update` reads the window's last hidden states
     config: HMTConfig
+    window_slot_fields = ("sensory_length",)
 
     def __init__(self, config: HMTConfig, backbone):
         super().__init__(config, backbone)

@@ -95,6 +95,7 @@ class Melodi(MemoryMethod):
     config_class = MelodiConfig
     config: MelodiConfig
     needs_attention = True
+    window_slot_fields = ("summary_length",)
     # a decoded window closes by running its summary slots through its cache (`closing_decoded`), not read again
     writes_from_window = True
 

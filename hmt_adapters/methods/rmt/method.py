@@ -15,6 +15,7 @@ class RMT(MemoryMethod):
     config_class = RMTConfig
     writes_from_window = True  # `update` reads the window's last hidden states
     config: RMTConfig
+    window_slot_fields = ("num_memory_tokens",)
 
     def __init__(self, config: RMTConfig, backbone):
         super().__init__(config, backbone)

@@ -26,6 +26,7 @@ class UniMem(MemoryMethod):
     config_class = UniMemConfig
     config: UniMemConfig
     needs_attention = True
+    window_slot_fields = ("memory_tokens",)
 
     def __init__(self, config: UniMemConfig, backbone):
         super().__init__(config, backbone)
