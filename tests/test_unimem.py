@@ -376,6 +376,11 @@ def test_presets_resolve_the_papers_sizes_and_layers():
 def test_errors_name_the_wrong_values():
     with pytest.raises(ValueError, match=r"`select_size` \(9\) must not exceed `memory_size` \(8\)"):
         ha.TRAMSConfig(memory_size=8, select_size=9)
+    for preset in ("memorizing_transformer", "unimix"):
+        with pytest.raises(ValueError, match=r"`topk` \(100\) must not exceed `memory_size` \(32\)"):
+            ha.UniMemConfig(preset=preset, memory_size=32, topk=100)
+    # a preset's own k is at most the store (a short segment's 10 x L slots hold fewer than 32)
+    assert ha.UniMemConfig(preset="memorizing_transformer", segment_length=2).settings().topk == 20
     with pytest.raises(ValueError, match=r"`recent_keep` must be in \[0, `select_size`=4\], got 5"):
         ha.TRAMSConfig(memory_size=8, select_size=4, recent_keep=5)
     with pytest.raises(ValueError, match=r"`memory_layers` must lie in \[0, 1\] for this 2-layer backbone, got \[2\]"):

@@ -108,7 +108,8 @@ class UniMemConfig(MemoryConfig):
             (query-independent selection of `select_size` entries per layer, head and row).
         window (`int`, *optional*): Window length for `"window"`/`"union"` reading (preset: L).
         global_tokens (`int`, *optional*): Global entries for `"global"`/`"union"` reading (preset: 4).
-        topk (`int`, *optional*): Entries retrieved per query and head (preset: 32 Memorizing, 4 UniMix).
+        topk (`int`, *optional*): Entries retrieved per query and head, at most `memory_size` (preset: 32 Memorizing,
+            4 UniMix, each at most the store).
         select_size (`int`, *optional*):
             TRAMS: memory tokens attended (`m`) out of `memory_size` (`M`). Preset: `memory_size // 2`.
         recent_keep (`int`, *optional*):
@@ -203,6 +204,11 @@ class UniMemConfig(MemoryConfig):
                 )
             if s.recent_keep > s.select_size:
                 raise ValueError(f"`recent_keep` must be in [0, `select_size`={s.select_size}], got {s.recent_keep}.")
+        if reading in ("topk", "union") and s.topk > s.memory_size:
+            raise ValueError(
+                f"`topk` ({s.topk}) must not exceed `memory_size` ({s.memory_size}): each query reads its topk best "
+                f"entries out of the memory_size kept."
+            )
         if reading in ("window", "global", "topk") and getattr(s, READING_KNOBS[reading][0]) == 0:
             knob = READING_KNOBS[reading][0]
             raise ValueError(f"`{knob}` must be >= 1 for reading {reading!r}, got 0.")
@@ -229,7 +235,7 @@ class UniMemConfig(MemoryConfig):
             positions=pick("positions"),
             window=pick("window"),
             global_tokens=pick("global_tokens"),
-            topk=pick("topk"),
+            topk=self.topk if self.topk is not None else min(d["topk"], memory_size),  # a preset k: at most the store
             select_size=select_size,
             recent_keep=recent_keep,
             memory_tokens=pick("memory_tokens"),
