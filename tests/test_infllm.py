@@ -787,7 +787,7 @@ def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path)
         ({"store_dtype": "int4"}, ["store_dtype", "bfloat16", "int8"]),
         ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),
         ({"window": 240}, ["240", "exceeds", "256"]),
-        ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
+        ({"representative_keys": 9}, ["representative_keys", "9", "`block_size` >= 9", "`representative_keys` <= 8"]),
         ({"block_positions": "shared"}, ["block_positions", "shared", "window", "ordered"]),
         (
             {"block_positions": "ordered", "topk_blocks": 21, "keep_question_blocks": False},

@@ -253,9 +253,11 @@ class InfLLMConfig(MemoryConfig):
         window = self.window if self.window is not None else max(1, min(INFLLM_WINDOW, context // 2))
         sinks = self.sink_tokens if self.sink_tokens is not None else min(INFLLM_SINKS, context // 32)
         block = self.block_size if self.block_size is not None else max(1, min(INFLLM_BLOCK, context // 32))
-        if self.representative_keys > block:
+        if self.representative_keys > block:  # only a scaled block can be smaller (`validate` checks a set one)
             raise ValueError(
-                f"`representative_keys` ({self.representative_keys}) must not exceed the block size ({block})."
+                f"`representative_keys` ({self.representative_keys}) must not exceed the block size ({block}: "
+                f"`block_size` unset, scaled to the backbone's {context} positions as context // 32); set "
+                f"`block_size` >= {self.representative_keys} or `representative_keys` <= {block}."
             )
         span = window + max(sinks, block) + self.segment_length
         if max_positions is not None and span > max_positions:
