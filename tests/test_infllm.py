@@ -787,7 +787,7 @@ def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path)
         ({"store_dtype": "int4"}, ["store_dtype", "bfloat16", "int8"]),
         ({"store_device": "gpu7"}, ["store_device", "gpu7", "cpu"]),
         ({"window": 240}, ["240", "exceeds", "256"]),
-        ({"representative_keys": 9}, ["representative_keys", "9", "`block_size` >= 9", "`representative_keys` <= 8"]),
+        ({"representative_keys": 9}, ["representative_keys", "9", "8"]),
         ({"block_positions": "shared"}, ["block_positions", "shared", "window", "ordered"]),
         (
             {"block_positions": "ordered", "topk_blocks": 21, "keep_question_blocks": False},
@@ -802,6 +802,15 @@ def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path)
 def test_bad_fields_are_refused_naming_the_value_and_the_allowed_ones(fields, words):
     with pytest.raises(ValueError) as err:
         wrap(backbone(), **fields)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_a_scaled_block_below_the_representatives_says_how_it_was_sized():
+    """A small context scales the unset block below the default 4 representative keys: the error says so and
+    names both ways out."""
+    with pytest.raises(ValueError) as err:
+        ha.InfLLMConfig(segment_length=8).resolved(64)
+    words = ["(2:", "`block_size` unset", "64 positions", "`block_size` >= 4", "`representative_keys` <= 2"]
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
