@@ -99,14 +99,13 @@ class MemoryMethod(nn.Module):
     # segment by running only its suffix through the segment's cache, with the hidden states its steps computed,
     # instead of reading it again.
     writes_from_window: bool = False
+    # the configuration fields that size `window_slots` (named when the slots alone fill the backbone's positions)
+    window_slot_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: MemoryConfig, backbone: BackboneAdapter):
         super().__init__()
         self.config = config
         self.backbone = backbone
-
-    # the configuration fields that size `window_slots` (named when the slots alone fill the backbone's positions)
-    window_slot_fields: tuple[str, ...] = ()
 
     def window_slots(self) -> int:
         """Extra positions a segment's window holds besides its `segment_length` tokens."""
