@@ -90,6 +90,7 @@ REFUSED = [
     (dict(output_hidden_states=True, return_dict_in_generate=True), "output_hidden_states"),
     (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions"),
     (dict(cache_implementation="static"), "cache_implementation"),
+    (dict(prefill_chunk_size=8), "prefill_chunk_size"),
 ]
 
 

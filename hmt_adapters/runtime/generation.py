@@ -70,6 +70,11 @@ def check_generation_options(config: GenerationConfig, kwargs: dict[str, Any]) -
             f"`cache_implementation={config.cache_implementation!r}` is not supported: memory models use their own "
             "generation cache (leave it unset)."
         )
+    if getattr(config, "prefill_chunk_size", None) is not None:
+        raise ValueError(
+            f"`prefill_chunk_size={config.prefill_chunk_size}` is not supported: memory models already read the "
+            "prompt a segment at a time, which bounds its memory the same way (leave it unset)."
+        )
     mode = config.get_generation_mode()
     mode = getattr(mode, "value", mode)
     if mode not in WORKING_MODES:
