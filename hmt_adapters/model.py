@@ -74,6 +74,30 @@ class MemoryBody:
         return BaseModelOutput(last_hidden_state=self.model.hidden_states(input_ids, attention_mask))
 
 
+# what `MemoryModel.forward` takes (named when it refuses another HF causal-LM argument)
+FORWARD_TAKES = (
+    " It takes input_ids, attention_mask, labels, num_items_in_batch, return_logits, return_dict and use_cache."
+)
+
+
+def refuse_hf_arguments(given: dict[str, Any], where: str, takes: str = "") -> None:
+    """A `ValueError` naming the HF causal-LM arguments `where` (a `MemoryModel` verb) does not take, where one is
+    given (None is HF's "not given" and False an output not asked for, both of which wrappers pass along); `takes`:
+    what it takes instead."""
+    names = sorted(name for name, value in given.items() if value is not None and value is not False)
+    if not names:
+        return
+    hint = ""
+    if "output_hidden_states" in names:
+        hint = " For the states the LM head reads use `model.hidden_states(input_ids, attention_mask)`."
+    elif "inputs_embeds" in names:
+        hint = " Pass `input_ids`: each method embeds its segments itself, and some read the ids (InfLLM's matching)."
+    raise ValueError(
+        f"{where} does not take {names}: it reads `input_ids` [B, T] segment by segment and places every segment "
+        f"itself.{takes}{hint}"
+    )
+
+
 class MemoryModel(PreTrainedModel, GenerationMixin):
     """A segment-recurrent, memory-augmented causal LM around a Hugging Face backbone.
 
@@ -243,7 +267,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
@@ -252,6 +276,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         return_dict: bool = True,
         past_key_values: MemoryGenerationCache | None = None,
         use_cache: bool | None = None,
+        **unsupported: Any,
     ) -> MemoryCausalLMOutput:
         """Read `input_ids` `[B, T]` (any T >= 1) segment by segment from an empty memory.
 
@@ -261,8 +286,12 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         Inside `generate`, `cache` is the generation cache (`past_key_values`, its name before transformers 5.24,
         is accepted too): `input_ids` are then only the new tokens, `attention_mask` covers the whole sequence, and
         `logits` hold the last position only. `use_cache` (what trainers such as TRL pass) changes nothing: outside
-        `generate` a memory model returns no cache.
+        `generate` a memory model returns no cache. Other arguments of HF causal LMs (`inputs_embeds`,
+        `position_ids`, `output_hidden_states`, ...) are refused by name unless None (`refuse_hf_arguments`).
         """
+        refuse_hf_arguments(unsupported, "MemoryModel.forward", FORWARD_TAKES)
+        if input_ids is None:
+            raise ValueError("`input_ids` must be a [batch, length >= 1] tensor of token ids, got None.")
         if not return_dict:
             raise ValueError(
                 "MemoryModel always returns a MemoryCausalLMOutput; `return_dict=False` is not supported."
@@ -429,7 +458,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         generation_config: GenerationConfig | None = None,
         memory_state: MemoryState | None = None,
@@ -447,6 +476,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         `step`). With `return_dict_in_generate=True`, the output's generation cache (`output.cache`;
         `output.past_key_values` before transformers 5.24) has `memory_state()`, the state after the sequence.
         """
+        refuse_hf_arguments({"inputs_embeds": kwargs.get("inputs_embeds")}, "MemoryModel.generate")
         ids, mask = self._check_inputs(input_ids, attention_mask)
         config, _ = self._prepare_generation_config(generation_config, **kwargs)  # type: ignore[misc]
         check_generation_options(config, kwargs)

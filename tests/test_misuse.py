@@ -93,6 +93,38 @@ def test_an_empty_batch_is_a_clear_error(shape):
             call()
 
 
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        (dict(inputs_embeds=True), ["['inputs_embeds']", "Pass `input_ids`"]),
+        (dict(position_ids=True), ["['position_ids']", "It takes input_ids, attention_mask"]),
+        (dict(output_hidden_states=True), ["['output_hidden_states']", "model.hidden_states(input_ids"]),
+        (dict(token_type_ids=True, output_attentions=True), ["['output_attentions', 'token_type_ids']"]),
+    ],
+)
+def test_hf_arguments_a_memory_model_does_not_take_are_refused_by_name(given, words):
+    """`inputs_embeds`, `position_ids` and the other arguments of an HF causal LM are refused naming them and what
+    the model takes instead; None (HF's "not given") and False (no extra output) pass as they are."""
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT).eval()
+    ids = random_ids(2, 20)
+    values = {name: model.get_input_embeddings()(ids) if name == "inputs_embeds" else ids for name in given}
+    for call in (lambda: model(input_ids=ids, **values), lambda: model(**values)):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert all(w in str(err.value) for w in words), str(err.value)
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        passed = model(input_ids=ids, inputs_embeds=None, position_ids=None, output_attentions=False).logits
+    assert torch.equal(plain, passed)
+
+
+def test_generate_refuses_inputs_embeds_by_name():
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT).eval()
+    embeds = model.get_input_embeddings()(random_ids(1, 5))
+    with pytest.raises(ValueError, match=r"MemoryModel.generate does not take \['inputs_embeds'\]"):
+        model.generate(inputs_embeds=embeds, max_new_tokens=2, pad_token_id=0)
+
+
 def test_labels_without_any_target_give_nan_as_transformers_does():
     model = ha.wrap_with_memory(tiny_backbone("llama"), "rmt", **RMT)
     ids = random_ids(2, 12)
