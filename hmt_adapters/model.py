@@ -190,6 +190,12 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         """The backbone's token embeddings."""
         return self.adapter.model.get_input_embeddings()
 
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
+        """The backbone's `resize_token_embeddings` (new tokens after the backbone's, e.g. for a tokenizer with added
+        special tokens): its embeddings and LM head grow, the shared config with them; the memory reads embeddings,
+        not the vocabulary, so it is unchanged."""
+        return self.adapter.model.resize_token_embeddings(*args, **kwargs)
+
     def _freeze_backbone(self) -> None:
         """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and
         `modules_to_save`)."""
@@ -216,6 +222,22 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def memory_parameters(self) -> Iterator[nn.Parameter]:
         """The trainable memory parameters (not the backbone, not LoRA)."""
         return (p for p in self.memory.parameters() if p.requires_grad)
+
+    def get_nb_trainable_parameters(self) -> tuple[int, int]:
+        """`(trainable, all)` parameter counts of the whole model (memory, backbone and its LoRA), as peft's
+        `PeftModel.get_nb_trainable_parameters` reports them."""
+        trainable = total = 0
+        for p in self.parameters():
+            count = int(getattr(p, "ds_numel", 0) or p.numel())  # DeepSpeed ZeRO-3 partitions keep the full count
+            total += count
+            trainable += count if p.requires_grad else 0
+        return trainable, total
+
+    def print_trainable_parameters(self) -> None:
+        """Print the trainable and all parameters, as peft's `print_trainable_parameters` does."""
+        trainable, total = self.get_nb_trainable_parameters()
+        share = 100 * trainable / total
+        print(f"trainable params: {trainable:,d} || all params: {total:,d} || trainable%: {share:.4f}")
 
     def merge_and_unload(
         self, progressbar: bool = False, safe_merge: bool = False, adapter_names: list[str] | None = None

@@ -1,6 +1,7 @@
 """peft's and transformers' own verbs on memory models (docs/training.md, "peft's verbs"): `merge_and_unload` keeps the
 memory, peft wrapping a MemoryModel is refused naming the order, a merged peft backbone is not saved as an empty LoRA,
-and a saved folder is refused by plain transformers / peft loading with an error naming AutoMemoryModelForCausalLM."""
+a saved folder is refused by plain transformers / peft loading with an error naming AutoMemoryModelForCausalLM, the
+parameter counts are peft's, and resizing the token embeddings goes to the backbone."""
 
 from __future__ import annotations
 
@@ -117,3 +118,34 @@ def test_a_format_1_folder_with_a_plain_peft_config_still_loads(tmp_path):
     ids = random_ids(2, 19, seed=2)
     reloaded = ha.MemoryModel.from_pretrained(tiny_backbone("llama"), tmp_path)
     torch.testing.assert_close(logits(reloaded, ids), logits(model, ids), atol=0, rtol=0)
+
+
+def test_trainable_parameter_counts_are_peft_s_with_the_memory_added(capsys):
+    """`get_nb_trainable_parameters` / `print_trainable_parameters` as peft reports them, over the whole model: the
+    LoRA weights peft counts plus the memory's."""
+    model = lora_memory_model()
+    lora_trainable, backbone_total = model.backbone.get_nb_trainable_parameters()
+    memory = sum(p.numel() for p in model.memory_parameters())
+    assert memory > 0
+    trainable, total = model.get_nb_trainable_parameters()
+    assert (trainable, total) == (
+        lora_trainable + memory,
+        backbone_total + sum(p.numel() for p in model.memory.parameters()),
+    )
+    model.print_trainable_parameters()
+    assert f"trainable params: {trainable:,d} || all params: {total:,d}" in capsys.readouterr().out
+
+
+def test_resize_token_embeddings_grows_the_backbone_and_keeps_the_old_tokens_logits():
+    """New tokens (a tokenizer with added special tokens) through the memory model: the backbone's embeddings and LM
+    head grow, the old tokens' logits are unchanged, a frozen backbone stays frozen, the new ids are read."""
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT).eval()
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = random_ids(2, 27, seed=2)
+    before = logits(model, ids)
+    embeddings = model.resize_token_embeddings(vocab + 4)
+    assert embeddings.weight.shape[0] == vocab + 4 and model.config.vocab_size == vocab + 4
+    assert not embeddings.weight.requires_grad and not model.get_output_embeddings().weight.requires_grad
+    after = logits(model, ids)
+    assert after.shape[-1] == vocab + 4 and torch.equal(after[..., :vocab], before)
+    assert logits(model, torch.full((1, 9), vocab + 3)).shape == (1, 9, vocab + 4)
