@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,6 +128,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self.loss_type = "ForCausalLM"  # labels are shifted inside: Trainer counts targets over labels[..., 1:]
         self.backbone: Any = base_model  # any HF causal LM, peft-wrapped or not
         self.adapter = adapter
+        self._added_token_rows: tuple[int, int] | None = None  # (before, after) of `resize_token_embeddings`
         entry = method_for_config(memory_config)
         if entry.needs_attention:
             self.adapter.check_attention_memory(entry.name, _methods_without_attention())
@@ -193,8 +195,14 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
         """The backbone's `resize_token_embeddings` (new tokens after the backbone's, e.g. for a tokenizer with added
         special tokens): its embeddings and LM head grow, the shared config with them; the memory reads embeddings,
-        not the vocabulary, so it is unchanged."""
-        return self.adapter.model.resize_token_embeddings(*args, **kwargs)
+        not the vocabulary, so it is unchanged. The added rows are the backbone's: `save_pretrained` says that they
+        are not in the adapter."""
+        before = self.adapter.vocab_size
+        embeddings = self.adapter.model.resize_token_embeddings(*args, **kwargs)
+        first = before if self._added_token_rows is None else self._added_token_rows[0]
+        after = self.adapter.vocab_size
+        self._added_token_rows = (first, after) if after > first else None
+        return embeddings
 
     def _freeze_backbone(self) -> None:
         """Freeze every backbone weight except what peft marked trainable (LoRA, IA3, LoHa, ... and
@@ -265,6 +273,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             param.requires_grad_(name in trainable)
         new.train(self.training)
         new.tokenizer = self.tokenizer
+        new._added_token_rows = self._added_token_rows  # still the backbone's, still not in the adapter
         return new
 
     def init_memory(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
@@ -606,6 +615,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         tokenizer = self.tokenizer if tokenizer is None else tokenizer
         if push_kwargs and not push_to_hub:
             raise ValueError(f"{sorted(push_kwargs)} only apply with `push_to_hub=True`.")
+        if self._added_token_rows is not None and is_main_process:
+            before, after = self._added_token_rows
+            warnings.warn(
+                f"The token embeddings grew from {before} to {after} rows (`resize_token_embeddings`): those rows are "
+                "the backbone's and this adapter does not hold them (as a peft adapter without `modules_to_save`); "
+                "to load it, resize the base to the same size and restore their values yourself.",
+                UserWarning,
+                stacklevel=2,
+            )
         adapter_io.save_adapter(
             self,
             save_directory,

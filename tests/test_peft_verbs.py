@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -149,3 +150,19 @@ def test_resize_token_embeddings_grows_the_backbone_and_keeps_the_old_tokens_log
     after = logits(model, ids)
     assert after.shape[-1] == vocab + 4 and torch.equal(after[..., :vocab], before)
     assert logits(model, torch.full((1, 9), vocab + 3)).shape == (1, 9, vocab + 4)
+
+
+def test_saving_after_resizing_says_the_added_rows_are_not_in_the_adapter(tmp_path):
+    """The rows `resize_token_embeddings` adds are the backbone's: `save_pretrained` warns that the adapter does not
+    hold them (a reload onto a base resized again would read other values for the new tokens); without a resize,
+    no such warning."""
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", **HMT)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model.save_pretrained(tmp_path / "plain")
+    assert not [w for w in seen if "resize_token_embeddings" in str(w.message)]
+    vocab = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(vocab + 2)
+    model.resize_token_embeddings(vocab + 4)
+    with pytest.warns(UserWarning, match=rf"grew from {vocab} to {vocab + 4} rows"):
+        model.save_pretrained(tmp_path / "resized")
