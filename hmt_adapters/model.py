@@ -619,8 +619,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             before, after = self._added_token_rows
             warnings.warn(
                 f"The token embeddings grew from {before} to {after} rows (`resize_token_embeddings`): those rows are "
-                "the backbone's and this adapter does not hold them (as a peft adapter without `modules_to_save`); "
-                "to load it, resize the base to the same size and restore their values yourself.",
+                "the backbone's, and the memory adapter does not hold them (a LoRA holds them only where its peft "
+                "config lists the embeddings in `modules_to_save`); to load it, resize the base to the same size and "
+                "restore their values.",
                 UserWarning,
                 stacklevel=2,
             )
