@@ -25,12 +25,12 @@ RESULT=benchmarks/results/cost_report_cuda.json
 if [ "${SMOKE:-0}" = 1 ]; then
   RESULT=benchmarks/results/cost_report_cpu.json
   KEEP=$(mktemp -d); cp "$RESULT" docs/cost.md "$KEEP/"
-  ARGS=(--device cpu --methods rmt --rounds 1); SPEED=(--parts speed); MEMORY=(--parts memory)
-  LENGTH=(--parts length --lengths 1024 2048); DECODE=(--parts decode --decode-setup llama4 64 1)
+  ARGS=(--device cpu --methods rmt --rounds 1)
+  LENGTH=(--lengths 1024 2048); DECODE=(--decode-setup llama4 64 1)
 else
-  ARGS=(--device cuda --rounds 3); SPEED=(--parts speed); MEMORY=(--parts memory)
-  LENGTH=(--parts length)  # 8k, 32k, 128k tokens
-  DECODE=(--parts decode --decode-setup smollm2 128 1 8)  # 128 new tokens a run: the setup's 512 would not fit
+  ARGS=(--device cuda --rounds 3)
+  LENGTH=()  # 8k, 32k, 128k tokens
+  DECODE=(--decode-setup smollm2 128 1 8)  # 128 new tokens a run: the setup's 512 would not fit
 fi
 PARTS=("$@"); [ ${#PARTS[@]} = 0 ] && PARTS=(speed memory length decode)
 T0=$(date +%s)
@@ -45,10 +45,10 @@ part() {  # part SECONDS ARGS...: one part of the report, stopped at its limit
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   for name in "${PARTS[@]}"; do
     case $name in
-      speed) part 270 "${SPEED[@]}" ;;  # the acceptance's rows: speed x FLOPs, both models
-      memory) part 50 "${MEMORY[@]}" ;;
-      length) part 90 "${LENGTH[@]}" ;;
-      decode) part 290 "${DECODE[@]}" ;;  # batch 1 and 8; the decode FLOPs are counted on eager copies
+      speed) part 270 --parts speed ;;  # the acceptance's rows: speed x FLOPs, both models
+      memory) part 50 --parts memory ;;
+      length) part 90 --parts length "${LENGTH[@]}" ;;
+      decode) part 290 --parts decode "${DECODE[@]}" ;;  # batch 1 and 8; the decode FLOPs are counted on eager copies
       *) echo "unknown part $name: speed, memory, length or decode"; exit 2 ;;
     esac
   done
