@@ -6,9 +6,10 @@ from .auto import AutoMemoryModelForCausalLM
 from .config import MemoryConfig
 from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig
+from .methods.infllm import InfLLMConfig
 from .methods.melodi import MelodiConfig
 from .methods.rmt import RMTConfig
-from .methods.unimem import InfLLMConfig, TRAMSConfig, UniMemConfig
+from .methods.unimem import TRAMSConfig, UniMemConfig
 from .model import MemoryModel, wrap_with_memory
 from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, register_method

@@ -243,6 +243,19 @@ class AttentionContext:
             return None
         return self.rotary(position_ids, like, self.layer)
 
+    def rotate_at(self, k: torch.Tensor, positions: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+        """`k` `[B, H, S, D]` rotated at `positions` `[B, S]` or per head `[B, H, S]` (unchanged without RoPE or
+        with `positions=None`, a read at position 0)."""
+        if positions is None:
+            return k
+        rope = self.rope_at(positions.reshape(positions.shape[0], -1), like)
+        if rope is None:
+            return k
+        cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope[:2])
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]
+        return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own RoPE function, if it has one
+
     def call_rope(self, call: AttentionCall) -> tuple[Any, ...] | None:
         """`(cos, sin)` of this call's query positions (computed once per backbone call and RoPE type)."""
         if self.rotary is None:

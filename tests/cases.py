@@ -18,7 +18,35 @@ METHOD_CASES: dict[str, dict] = {
     "unimix": dict(memory_size=24, window=4, global_tokens=2, topk=2, memory_tokens=2),
     "elastic": dict(hippo_order=8, memory_tokens=6),
     "melodi": dict(summary_length=4, long_term_length=2, long_term_windows=3),
+    "infllm": dict(window=8, sink_tokens=2, block_size=4, topk_blocks=2, representative_keys=2),
 }
+
+# Methods causal between segments but not inside one, and why. The shared causality and streaming tests hold them to
+# that (no logit depends on a later segment's tokens; a stream cut at segment boundaries equals one forward); the
+# tests that compare token by token (greedy generation against forward, padded streams cut mid-segment) run them
+# with the overrides under which they are causal.
+CAUSAL_PER_SEGMENT = {
+    "infllm": (
+        "a chunk's blocks are chosen with the mean of all its queries (InfLLM §3.2), so an early token's logits "
+        "depend on the chunk's later tokens (docs/infllm.md, 'Not causal inside a chunk')"
+    ),
+}
+CAUSAL_WITH = {"infllm": dict(topk_blocks=64)}  # every block retrieved: no choice left to depend on the queries
+# Methods whose state assumes the rows of a batch close their segments in the same `step` calls, and why: the shared
+# test of padded rows streamed in calls where they close segments at different times leaves them out. `generate`
+# splits such rows into groups that close together, so its padded batches are exact (tests/test_infllm.py).
+ROWS_CLOSE_TOGETHER = {
+    "infllm": (
+        "the sinks and blocks are cut from the front of a tail shared by the batch, at the batch's width: a row "
+        "that closed fewer segments loses part of its local window to blocks (read at distance W) and takes "
+        "its sinks from another offset"
+    ),
+}
+
+
+def token_causal(method: str) -> dict:
+    """Overrides under which `method`'s every logit depends on earlier tokens only (none for most methods)."""
+    return CAUSAL_WITH.get(method, {})
 
 
 def families_for(method: str) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
 import hmt_adapters as ha
-from cases import METHOD_CASES, SEGMENT, cases, wrap
+from cases import METHOD_CASES, SEGMENT, cases, token_causal, wrap
 from hmt_adapters.compat import output_cache
 from tiny import MAX_POSITIONS, VOCAB, random_ids, tiny_llama, tiny_tokenizer
 
@@ -36,7 +36,7 @@ def no_eos(n: int) -> dict:
 
 @pytest.mark.parametrize("method,family", cases())
 def test_greedy_generation_is_the_argmax_of_forward_across_segment_boundaries(method, family):
-    model = wrap(method, family).eval()
+    model = wrap(method, family, **token_causal(method)).eval()
     for prompt in (2 * SEGMENT - 1, 2 * SEGMENT, 2 * SEGMENT + 1):
         ids = random_ids(2, prompt, seed=prompt)
         out = model.generate(

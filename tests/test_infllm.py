@@ -21,9 +21,9 @@ from hmt_adapters.evaluation.records import append_record, cell_table, load_reco
 from hmt_adapters.evaluation.runner import Reader, retrieval_recall
 from hmt_adapters.evaluation.shared_prefix import Checkpoints, SharedPrefixes
 from hmt_adapters.memory import attend
-from hmt_adapters.methods.unimem import block_pages
-from hmt_adapters.methods.unimem import infllm as infllm_module
-from hmt_adapters.methods.unimem.infllm import InfLLM
+from hmt_adapters.methods.infllm import block_pages
+from hmt_adapters.methods.infllm import method as infllm_module
+from hmt_adapters.methods.infllm.method import InfLLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from common import resident_kib_by_mapping  # noqa: E402
@@ -234,8 +234,13 @@ def test_decoding_rotates_the_stored_tail_once_per_state_and_layer(monkeypatch):
         _, state = model.step(ids[:, :192], return_logits=False)
     kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     rotations = []
-    real = infllm_module.rotate_at
-    monkeypatch.setattr(infllm_module, "rotate_at", lambda *a: rotations.append(1) or real(*a))
+    real = AttentionContext.rotate_at
+
+    def counted(context, k, positions, like):  # a rotation of several keys: the tail (the query's is one position)
+        rotations.extend([1] if positions is not None and positions.shape[-1] > 1 else [])
+        return real(context, k, positions, like)
+
+    monkeypatch.setattr(AttentionContext, "rotate_at", counted)
     cached = model.generate(ids[:, 192:200], memory_state=state, **kwargs)
     assert len(rotations) == len(model.memory.layers)  # the prompt's 8 tokens and 5 decoding steps, one state
     model.memory._tail_cache.clear()
@@ -738,7 +743,7 @@ def test_blocks_past_the_ram_budget_live_in_memory_mapped_files_and_read_the_sam
 
 
 def test_growing_append_equals_cat_reuses_its_buffer_and_keeps_branches_apart():
-    from hmt_adapters.methods.unimem.growing import append
+    from hmt_adapters.methods.infllm.growing import append
 
     x, reference, views = torch.zeros(2, 3, 0, 4, dtype=torch.bfloat16), torch.zeros(2, 3, 0, 4), []
     for _ in range(50):

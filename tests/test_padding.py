@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from cases import METHOD_CASES, SEGMENT, wrap
+from cases import METHOD_CASES, ROWS_CLOSE_TOGETHER, SEGMENT, token_causal, wrap
 from tiny import random_ids
 
 PADS = (1, 5, SEGMENT - 1)
@@ -56,9 +56,9 @@ def test_padded_rows_forward_like_the_unpadded_row(method, family):
     torch.testing.assert_close(out.loss, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("method,family", CASES)
+@pytest.mark.parametrize("method,family", [(m, f) for m, f in CASES if m not in ROWS_CLOSE_TOGETHER])
 def test_padded_rows_stream_like_the_unpadded_row(method, family):
-    model = wrap(method, family).eval()
+    model = wrap(method, family, **token_causal(method)).eval()  # streams cut mid-segment
     batch, mask, row, other = padded_batch()
     with torch.no_grad():
         state, parts, start = None, [], 0

@@ -11,7 +11,7 @@ import hmt_adapters as ha
 from hmt_adapters.memory import attend
 from hmt_adapters.memory.attend import MemoryRead, expand_heads, local_visibility, prefix_attention
 from hmt_adapters.methods.unimem import method as unimem_method
-from hmt_adapters.methods.unimem.reading import gather_rows, gather_slots, rotate_at, scaling_of, top_entries
+from hmt_adapters.methods.unimem.reading import gather_rows, gather_slots, scaling_of, top_entries
 from hmt_adapters.methods.unimem.trams import trams_select
 from tiny import random_ids, tiny_backbone
 
@@ -47,12 +47,12 @@ def dense_read_union(k, v, frame, call, context, window, global_tokens, topk, ke
     w_visible = in_window[..., start:] & ~is_global[:, None, start:]
     slots = torch.cat([g_slots, w_slots], dim=1)
     shared_pos = frame.key_positions(gather_rows(frame.pos, slots))
-    k_shared = rotate_at(context, dense_gather(k, slots), shared_pos, call.query)
+    k_shared = context.rotate_at(dense_gather(k, slots), shared_pos, call.query)
     read = MemoryRead(k_shared, dense_gather(v, slots), torch.cat([g_visible, w_visible], dim=-1)[:, None])
     if topk == 0:
         return read
     heads, kv_heads, q_len, dim = call.query.shape[1], k.shape[1], call.query.shape[2], k.shape[-1]
-    k_all = rotate_at(context, k, frame.key_positions(frame.pos), call.query).to(call.query.dtype)
+    k_all = context.rotate_at(k, frame.key_positions(frame.pos), call.query).to(call.query.dtype)
     grouped = (call.query * scaling_of(call)).reshape(batch, kv_heads, -1, dim)
     logits = (grouped @ k_all.transpose(-1, -2)).view(batch, heads, q_len, size)
     candidates = (frame.valid[:, None, :] & ~is_global[:, None, :] & ~in_window)[:, None]
@@ -68,7 +68,7 @@ def dense_read_trams(k, v, metric, frame, call, context, select_size, recent_kee
     """The metric of the whole pool, the selection among all of its slots."""
     with torch.no_grad():
         slots = trams_select(metric, frame.valid, recent_keep, select_size)
-    keys = rotate_at(context, dense_gather(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
+    keys = context.rotate_at(dense_gather(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
     return MemoryRead(keys, dense_gather(v, slots), gather_rows(frame.valid, slots)[:, :, None, :])
 
 

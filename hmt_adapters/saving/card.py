@@ -41,7 +41,8 @@ def card_base_model(base: str | None) -> str | None:
 
 
 def render_model_card(model: MemoryModel, tags: list[str] | None = None, **fields: Any) -> ModelCard:
-    """The Hub model card for `model`'s adapter, from the template in `model_cards/` (`fields` fill its slots)."""
+    """The Hub model card for `model`'s adapter, from the template in `hmt_adapters/model_cards/` (`fields` fill its
+    slots)."""
     meta = base_metadata(model)
     base = meta["base_model_name_or_path"]
     card_data = ModelCardData(

@@ -1,10 +1,9 @@
 """UniMem K/V memory methods as presets of one `UniMemConfig`: Transformer-XL, the Memorizing Transformer, TRAMS and
-UniMix (docs/attention_memory.md); and InfLLM's training-free block retrieval (`InfLLMConfig`, docs/infllm.md)."""
+UniMix (docs/attention_memory.md). InfLLM, which the UniMem paper also describes as a composition of its dimensions,
+shares no class with them and has its own folder (`methods/infllm/`)."""
 
 from ...registry import register_method
 from .config import PRESETS, TRAMSConfig, UniMemConfig
-from .infllm import InfLLM
-from .infllm_config import InfLLMConfig
 from .method import UniMem
 
 # What an untrained instance of each preset does to the backbone (its config defaults), quoted by the zero-shot tables.
@@ -33,14 +32,4 @@ for _preset in PRESETS:
         _preset, config_cls=_config_cls, method_cls=UniMem, defaults={"preset": _preset}, untrained=UNTRAINED[_preset]
     )
 
-register_method(
-    "infllm",
-    config_cls=InfLLMConfig,
-    method_cls=InfLLM,
-    untrained=(
-        "no trainable parameters (training-free by design, InfLLM): every layer reads 128 sinks, the local window"
-        " and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance"
-    ),
-)
-
-__all__ = ["InfLLM", "InfLLMConfig", "TRAMSConfig", "UniMem", "UniMemConfig"]
+__all__ = ["TRAMSConfig", "UniMem", "UniMemConfig"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...attention import AttentionCall, AttentionContext, apply_rope
+from ...attention import AttentionCall, AttentionContext
 from ...memory.attend import MemoryRead, additive_mask, decode_keys, decode_visible, head_scores, query_slices
 from .trams import trams_select
 
@@ -59,21 +59,6 @@ class SegmentFrame:
             return self.prefix - count + torch.arange(count, device=pos.device).expand(pos.shape[0], count)
         offset = (self.seen - self.prefix).view(-1, *([1] * (pos.dim() - 1)))
         return pos - offset
-
-
-def rotate_at(
-    context: AttentionContext, k: torch.Tensor, positions: torch.Tensor | None, like: torch.Tensor
-) -> torch.Tensor:
-    """`k` `[B, H, S, D]` rotated at `positions` `[B, S]` or per head `[B, H, S]` (unchanged without RoPE)."""
-    if positions is None:
-        return k
-    rope = context.rope_at(positions.reshape(positions.shape[0], -1), like)
-    if rope is None:
-        return k
-    cos, sin = (t.view(*positions.shape, t.shape[-1]) for t in rope[:2])
-    if positions.dim() == 2:
-        cos, sin = cos[:, None], sin[:, None]
-    return apply_rope(k, cos, sin, *rope[2:])  # rope[2]: the family's own RoPE function, if it has one
 
 
 def head_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -117,7 +102,7 @@ def read_all(
     document costs what its filled part costs (entries are right-aligned: the filled slots are the last ones)."""
     filled = max(frame.filled, 1)
     k, v, pos, valid = k[:, :, -filled:], v[:, :, -filled:], frame.pos[:, -filled:], frame.valid[:, -filled:]
-    k = rotate_at(context, k, frame.key_positions(pos), call.query)
+    k = context.rotate_at(k, frame.key_positions(pos), call.query)
     return MemoryRead(k, v, valid[:, None, None, :])
 
 
@@ -183,11 +168,11 @@ def union_slots(
         window_pos=pos[:, start:],
         window_hidden=hidden[:, start:],
         older_bias=None if frame.dense else additive_mask(~hidden[:, None, None, :start], dtype, float("-inf")),
-        k_shared=rotate_at(context, gather_slots(k, slots), shared_pos, call.query),
+        k_shared=context.rotate_at(gather_slots(k, slots), shared_pos, call.query),
         v_shared=gather_slots(v, slots),
     )
     if topk:
-        rotated = rotate_at(context, k, frame.key_positions(pos), call.query)
+        rotated = context.rotate_at(k, frame.key_positions(pos), call.query)
         layout.k_all = rotated.to(call.query.dtype).contiguous()  # one copy per segment: row lookups read it flat
         layout.v_all = v.contiguous()
         heads = call.query.shape[1]
@@ -400,5 +385,5 @@ def read_trams(
         else:
             scores = F.pad(metric[:, :, shift : shift + older], (0, filled - older))  # the recent slots: kept anyway
             slots = trams_select(scores, frame.valid[:, shift:], recent_keep, select_size) + shift  # [B, Hr, S]
-    keys = rotate_at(context, gather_slots(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
+    keys = context.rotate_at(gather_slots(k, slots), frame.key_positions(gather_rows(frame.pos, slots)), call.query)
     return MemoryRead(keys, gather_slots(v, slots), gather_rows(frame.valid, slots)[:, :, None, :])

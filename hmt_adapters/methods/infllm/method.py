@@ -28,13 +28,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...attention import AttentionCall, AttentionContext, apply_rope, local_visibility
+from ...attention import AttentionCall, AttentionContext, local_visibility
 from ...memory.attend import additive_mask, head_mix, head_scores, parts_attention, query_slices
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
 from . import growing
 from .block_pages import BlockPages
-from .infllm_config import InfLLMConfig
-from .reading import rotate_at
+from .config import InfLLMConfig
 
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
@@ -394,7 +393,7 @@ class InfLLM(MemoryMethod):
                 # first position (-tail_len): each key at its own position, read by the query at its own
                 count = g_k.shape[2]
                 at = torch.arange(-tail_len - count, -tail_len, device=query.device)
-                g_k = rotate_at(context, g_k, at.expand(g_k.shape[0], count), query)
+                g_k = context.rotate_at(g_k, at.expand(g_k.shape[0], count), query)
                 query_global = query
             global_part = (g_k, g_v.to(dtype), g_mask)
         global_parts = [part for part in (kept_part, global_part) if part is not None]
@@ -529,7 +528,7 @@ class InfLLM(MemoryMethod):
         if hit is not None:
             return hit
         tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
-        rotated = rotate_at(context, tail_k.to(query.dtype), tail_pos.expand(query.shape[0], tail_len), query)
+        rotated = context.rotate_at(tail_k.to(query.dtype), tail_pos.expand(query.shape[0], tail_len), query)
         if not rotated.requires_grad:  # a tail in a graph (training through the backbone) is not kept across calls
             self._tail_cache[layer] = (tail_k, key, rotated)
         return rotated
@@ -637,11 +636,7 @@ class InfLLM(MemoryMethod):
 
     def _rotate_by(self, context: AttentionContext, x: torch.Tensor, distance: int) -> torch.Tensor:
         """`x` `[B, H, q, D]` (pre-RoPE) rotated at position `distance` (unchanged without RoPE)."""
-        rope = context.rope_at(torch.full((x.shape[0], 1), distance, device=x.device, dtype=torch.long), x)
-        if rope is None:
-            return x
-        cos, sin = rope[0][:, None], rope[1][:, None]
-        return apply_rope(x, cos, sin, *rope[2:])
+        return context.rotate_at(x, torch.full((x.shape[0], 1), distance, device=x.device, dtype=torch.long), x)
 
     def _global_visibility(self, valid: torch.Tensor, heads: int) -> torch.Tensor | None:
         """A global part's visibility `[B, 1|Hq, 1, n]` from its validity `[B, 1|Hkv, n]` (None: every key real)."""
