@@ -517,7 +517,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         elif config.use_cache:
             state = memory_state if memory_state is not None else self.init_memory(ids.shape[0], ids.device)
             self._check_state(state, ids.shape[0])
-            kwargs.update(cache_kwargs(MemoryGenerationCache(self, state)))
+            kwargs.update(cache_kwargs(MemoryGenerationCache(self.runtime, state)))
         elif memory_state is not None:
             raise ValueError("`memory_state` needs the generation cache; do not pass `use_cache=False` with it.")
         with padding_handled():

@@ -66,7 +66,7 @@ def test_generate_takes_the_cache_under_either_name_and_refuses_both():
     expected = model.generate(input_ids=ids, **GREEDY)
     for name in ("cache", "past_key_values"):
         state = model.init_memory(1)
-        out = model.generate(input_ids=ids, **{name: MemoryGenerationCache(model, state)}, **GREEDY)
+        out = model.generate(input_ids=ids, **{name: MemoryGenerationCache(model.runtime, state)}, **GREEDY)
         assert torch.equal(out, expected), name
     with pytest.raises(ValueError, match="not both"):
         model.generate(input_ids=ids, cache=object(), past_key_values=object(), **GREEDY)

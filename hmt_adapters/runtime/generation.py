@@ -13,18 +13,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
 from ..state import MemoryState, merge_rows, select_rows
-from .open_segment import OpenSegment, can_extend, close, extend, fold, fold_last
+from .open_segment import OpenSegment, read_open
 from .packing import Packing, align_ends
-from .segments import closed_part
-
-if TYPE_CHECKING:
-    from ..model import MemoryModel
+from .segments import SegmentRuntime, closed_part
 
 WORKING_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
 
@@ -103,11 +100,11 @@ class MemoryGenerationCache:
     # 5.24 on).
     is_linear = (False,)
 
-    def __init__(self, model: MemoryModel, state: MemoryState):
-        self.model = model
+    def __init__(self, runtime: SegmentRuntime, state: MemoryState):
+        self.runtime = runtime
         self.batch_size = state.batch_size
         start = MemoryState(state.method, state.tensors, state.segments_seen, extras=dict(state.extras))
-        group = RowGroup(model, start, torch.arange(self.batch_size, device=_device(state)))
+        group = RowGroup(runtime, start, torch.arange(self.batch_size, device=_device(state)))
         if state.pending_length:  # tokens a `step` left in an open segment: read again with the prompt
             assert state.pending_ids is not None and state.pending_mask is not None
             group.unread = (state.pending_ids, state.pending_mask.long())
@@ -141,10 +138,6 @@ class MemoryGenerationCache:
                 state.pending_ids[rows, : packed.shape[1]] = packed
                 state.pending_mask[rows, : packed.shape[1]] = packing.packed_mask[:, :width]
         return state
-
-    @property
-    def segment_length(self) -> int:
-        return self.model.memory_config.segment_length
 
     @torch.no_grad()
     def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -180,11 +173,12 @@ class MemoryGenerationCache:
         packing = Packing.of(torch.cat([before_mask.long(), mask.long()], dim=1))
         packed, counts = packing.pack(torch.cat([before_ids, ids], dim=1)), packing.counts
         out = []
-        offsets = counts - closed_part(counts, self.segment_length)
+        length = self.runtime.config.segment_length
+        offsets = counts - closed_part(counts, length)
         for offset in torch.unique(offsets).tolist():
             local = (offsets == offset).nonzero().squeeze(1)
-            sub = RowGroup(self.model, select_rows(group.state, local), group.rows[local])
-            stream_ids, stream_mask = align_ends(packed[local], counts[local], self.segment_length)
+            sub = RowGroup(self.runtime, select_rows(group.state, local), group.rows[local])
+            stream_ids, stream_mask = align_ends(packed[local], counts[local], length)
             out.append((sub, sub.read(stream_ids, stream_mask) if stream_ids.shape[1] else None))
         return out
 
@@ -230,16 +224,12 @@ def _device(state: MemoryState) -> torch.device:
 class RowGroup:
     """Rows whose segments close at the same decoding step: their memory state and the open segment's cache."""
 
-    def __init__(self, model: MemoryModel, state: MemoryState, rows: torch.Tensor):
-        self.model = model
+    def __init__(self, runtime: SegmentRuntime, state: MemoryState, rows: torch.Tensor):
+        self.runtime = runtime
         self.state = state
         self.rows = rows  # [g] the group's rows in the batch
         self.open: OpenSegment | None = None
         self.unread: tuple[torch.Tensor, torch.Tensor] | None = None  # open-segment tokens no cache holds (read again)
-
-    @property
-    def segment_length(self) -> int:
-        return self.model.memory_config.segment_length
 
     def open_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`(ids, mask)` of the open segment's tokens so far."""
@@ -253,34 +243,12 @@ class RowGroup:
     def select(self, local: torch.Tensor, rows: torch.Tensor) -> RowGroup:
         """A group of rows `rows` whose row j continues this group's row `local[j]`; its open segment is read again."""
         ids, mask = self.open_tokens()
-        group = RowGroup(self.model, select_rows(self.state, local), rows)
+        group = RowGroup(self.runtime, select_rows(self.state, local), rows)
         group.unread = (ids[local], mask[local])
         return group
 
     def read(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Read new tokens `[g, n]`; returns the logits of the last one, `[g, 1, V]` (the computing is the segment
-        engine's: `open_segment.fold`, `fold_last`, `extend`, `close`)."""
-        runtime, length = self.model.runtime, self.segment_length
-        if self.open is not None:
-            ids = torch.cat([self.open.ids, ids], dim=1)
-            mask = torch.cat([self.open.mask, mask], dim=1)
-            if not can_extend(runtime, self.open, ids.shape[1] - self.open.ids.shape[1]):
-                self.open = None
-        if self.open is not None and self.open.records is not None and ids.shape[1] >= length:
-            # the open segment fills up: written from what its steps recorded, not read again
-            logits, self.state = close(runtime, self.open, ids[:, :length], mask[:, :length], self.state)
-            self.open = None
-            ids, mask = ids[:, length:], mask[:, length:]
-            if not ids.shape[1]:
-                return logits
-        full = closed_part(ids.shape[1], length)
-        if full and full == ids.shape[1]:
-            self.open = None
-            self.state = fold(runtime, ids[:, : full - length], mask[:, : full - length], self.state)
-            logits, self.state = fold_last(runtime, ids[:, full - length :], mask[:, full - length :], self.state)
-            return logits
-        if full:  # an empty fold would drop the open segment's cache and re-read it for every new token
-            self.open = None
-            self.state = fold(runtime, ids[:, :full], mask[:, :full], self.state)
-        logits, self.open = extend(runtime, self.open, ids[:, full:], mask[:, full:], self.state)
+        """Read new tokens `[g, n]`; returns the logits of the last one, `[g, 1, V]` (the segment engine decides how:
+        `open_segment.read_open`)."""
+        logits, self.open, self.state = read_open(self.runtime, self.open, ids, mask, self.state)
         return logits

@@ -1,6 +1,6 @@
 """The segment engine's side of generation: fold whole segments into memory, and read the open segment token by
 token through the backbone's own cache (`MemoryGenerationCache` in `generation.py` keeps rows, states and open
-segments, and calls these).
+segments, and hands each group's new tokens to `read_open`, which decides what happens to them).
 
 A segment is opened from the state of the closed ones (its layout prepared once), extended by new tokens with the
 backbone's cache over `[prefix ; tokens]`, and folded into memory when it fills up: from the attention records its
@@ -21,7 +21,7 @@ from ..attention import MEMORY_KWARG, unrotate_records
 from ..backbones import positions_from_mask
 from ..method import Layout, Segment
 from ..state import MemoryState
-from .segments import SegmentRuntime, keep_rows
+from .segments import SegmentRuntime, closed_part, keep_rows
 
 PREFILL_SEGMENTS = 32  # segments read per runtime call while prefilling (bounds transient memory)
 
@@ -176,3 +176,37 @@ def close(
     if tensors is not state.tensors and not runtime.method.updates_empty_rows:
         tensors = keep_rows(segment.real_rows, tensors, state.tensors)
     return logits, MemoryState(state.method, tensors, state.segments_seen + 1, extras=dict(state.extras))
+
+
+def read_open(
+    runtime: SegmentRuntime, open_: OpenSegment | None, ids: torch.Tensor, mask: torch.Tensor, state: MemoryState
+) -> tuple[torch.Tensor, OpenSegment | None, MemoryState]:
+    """Read new tokens `[g, n]` after the open segment `open_` (None: none open) on `state`: returns the logits of
+    the last one `[g, 1, V]`, the open segment after them and the state of the closed segments.
+
+    The open segment is extended through its cache where it can be (`can_extend`); when it fills up it is closed
+    from what its steps kept (`close`) where they were kept, else whole segments are folded with the training-time
+    step (`fold`, `fold_last`) and the rest opens a new segment (`extend`)."""
+    length = runtime.config.segment_length
+    if open_ is not None:
+        ids = torch.cat([open_.ids, ids], dim=1)
+        mask = torch.cat([open_.mask, mask], dim=1)
+        if not can_extend(runtime, open_, ids.shape[1] - open_.ids.shape[1]):
+            open_ = None
+    if open_ is not None and open_.records is not None and ids.shape[1] >= length:
+        # the open segment fills up: written from what its steps recorded, not read again
+        logits, state = close(runtime, open_, ids[:, :length], mask[:, :length], state)
+        open_ = None
+        ids, mask = ids[:, length:], mask[:, length:]
+        if not ids.shape[1]:
+            return logits, None, state
+    full = closed_part(ids.shape[1], length)
+    if full and full == ids.shape[1]:
+        state = fold(runtime, ids[:, : full - length], mask[:, : full - length], state)
+        logits, state = fold_last(runtime, ids[:, full - length :], mask[:, full - length :], state)
+        return logits, None, state
+    if full:  # an empty fold would drop the open segment's cache and re-read it for every new token
+        open_ = None
+        state = fold(runtime, ids[:, :full], mask[:, :full], state)
+    logits, open_ = extend(runtime, open_, ids[:, full:], mask[:, full:], state)
+    return logits, open_, state
