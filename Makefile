@@ -12,7 +12,7 @@ OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCE
 
 # Every package comes from constraints.txt, the lock of versions the full test suite passed with, so a new upstream
 # release cannot break these two commands; pyproject.toml keeps ranges for library users. The lock moves only through
-# `python3 benchmarks/version_matrix.py --refresh-lock` (docs/development.md, "Upgrading transformers").
+# `python3 tools/version_matrix.py --refresh-lock` (docs/development.md, "Upgrading transformers").
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
@@ -27,7 +27,7 @@ demo: install
 
 # Lint and types (docs/development.md, "Lint and types"): ruff's rules, the formatter's check and mypy on the package,
 # all configured in pyproject.toml. Under a minute; any finding fails the target.
-LINT_PATHS := hmt_adapters tests benchmarks examples
+LINT_PATHS := hmt_adapters tests benchmarks examples tools
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check --output-format concise $(LINT_PATHS)  # one line per file to reformat
@@ -37,4 +37,4 @@ lint: install
 # summary stays the last line; any of them failing fails the target.
 test: install lint
 	$(OFFLINE) $(PY) examples/demo.py --smoke
-	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider tests
+	$(OFFLINE) $(PY) -m pytest -q -p no:cacheprovider tests benchmarks/tests

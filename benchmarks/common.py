@@ -112,21 +112,6 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def resident_kib_by_mapping() -> dict[str, int]:
-    """Resident KiB of this process per mapping name, from `/proc/self/smaps` (Linux): a mapped file's path,
-    `[heap]`, `[stack]`, ..., and "" for anonymous mappings; mappings of one name summed."""
-    out: dict[str, int] = {}
-    name = ""
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header: range, perms, ..., name
-                name = fields[5] if len(fields) > 5 else ""
-            elif fields[0] == "Rss:":
-                out[name] = out.get(name, 0) + int(fields[1])
-    return out
-
-
 def peak_ratio(row: dict, lengths: list) -> float:
     """Process peak RSS at the longest of `lengths` over the shortest, from a `{length: {"peak_mb": ...}}` row of
     results (the memory-flatness goal: <= 1.05)."""
@@ -155,6 +140,13 @@ def _head_commit() -> str | None:
 # The commit whose code this process runs: read once, when the benchmark starts. A run of hours writes its results
 # after later commits have moved HEAD, and it did not run their code.
 STARTED_AT_COMMIT = _head_commit()
+
+
+def commit(data: dict) -> str:
+    """A results file's provenance in one phrase: its commit, device and machine."""
+    prov = data.get("provenance", {})
+    sha = (prov.get("git_commit") or "?")[:10]
+    return f"commit `{sha}`, {prov.get('device', 'cpu')}, {prov.get('machine', '')}".rstrip(", ")
 
 
 def provenance() -> dict:

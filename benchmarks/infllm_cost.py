@@ -14,7 +14,7 @@ every round's values, so both see the same machine state.
     python benchmarks/infllm_cost.py --lengths 8k 32k 128k 1m --fields store_dtype=int8 --name infllm_cost_1m
 
 CPU seconds (one torch thread) rather than wall seconds: the two cores of this machine are shared. Writes
-`benchmarks/results/<--name>.json` after every checkpoint; `benchmarks/render_readme.py` renders it into
+`benchmarks/results/<--name>.json` after every checkpoint; `benchmarks/render_docs.py` renders it into
 docs/infllm.md (`infllm-scaling`).
 """
 

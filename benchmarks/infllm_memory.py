@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
-from common import resident_kib_by_mapping  # noqa: E402
 from hmt_adapters.evaluation import TASKS  # noqa: E402
+from hmt_adapters.methods.infllm.block_pages import resident_kib_by_mapping  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm-qa"
 

@@ -3,7 +3,7 @@ int8, and the perplexity of the tokens past sinks + window (the ones that read r
 
     python benchmarks/infllm_store.py [--tokens 8192] [--threads 1]
 
-Writes `benchmarks/results/infllm_store.json`; `benchmarks/render_readme.py` renders it into docs/infllm.md.
+Writes `benchmarks/results/infllm_store.json`; `benchmarks/render_docs.py` renders it into docs/infllm.md.
 """
 
 from __future__ import annotations

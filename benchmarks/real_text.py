@@ -52,9 +52,9 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hmt_adapters as ha  # noqa: E402
-from common import previous_runs, pyplot, train_bpe, write_result  # noqa: E402
+from common import commit, previous_runs, pyplot, train_bpe, write_result  # noqa: E402
 from hmt_adapters.data import austen_documents, kjv_documents  # noqa: E402
-from hmt_adapters.training.evaluation import sliding_window_nll, token_nll  # noqa: E402
+from hmt_adapters.evaluation.nll import sliding_window_nll, token_nll  # noqa: E402
 
 SEGMENT = 64
 N_SEGMENTS = 8
@@ -396,8 +396,6 @@ def plot(result: dict, path: Path) -> None:
 def readme_section(data: dict, name: str = "real_text") -> str:
     """The README table (late-position perplexity against the sliding window) and the papers' orderings, for the
     results file `name`."""
-    from render_readme import commit
-
     s, runs = data["settings"], data["runs"]
     base = runs.get("sliding_window")
     options = ("" if list(runs) == list(RUNS) else " --runs " + " ".join(runs)) + (

@@ -94,7 +94,7 @@ def _unpack(packed):
 
 def metered_offload(meter: SavedBytes):
     """On a CPU, the runtime's offload hooks keep every tensor in place; count what they would move as host bytes."""
-    from hmt_adapters.runtime.offload import ActivationOffload
+    from hmt_adapters.training import ActivationOffload
 
     class MeteredOffload(ActivationOffload):
         def _pack(self, t):
@@ -104,7 +104,7 @@ def metered_offload(meter: SavedBytes):
 
         _unpack = staticmethod(_unpack)
 
-    return lambda runtime: MeteredOffload([runtime.backbone.model, runtime.method])
+    return MeteredOffload
 
 
 class PeakRSS:
@@ -170,13 +170,11 @@ def train_step(model, ids: torch.Tensor, args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace) -> dict:
     """One (switch, depth) configuration: a warm-up step on one segment, then the measured step."""
-    from hmt_adapters.runtime import SegmentRuntime
-
     torch.set_num_threads(args.threads)
     model = build_model(args, args.switch)
     meter = SavedBytes(model.parameters())
     if args.device == "cpu":
-        SegmentRuntime._offload = metered_offload(meter)
+        model.runtime.offload_class = metered_offload(meter)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (args.batch_size, args.depth * args.segment_length), generator=gen).to(
         args.device

@@ -6,7 +6,7 @@ Reads a held-out Jane Austen novel (never seen in training) with
   sliding window;
 - HMT (`examples/adapters/smollm2-hmt`: LoRA + memory, causal retrieval query), one 256-token segment at a time,
 then prints perplexity by position, writes a PNG, and lets HMT continue the novel with `generate`.
-Both adapters were trained by `benchmarks/smollm2_pipeline.sh` (see their model cards).
+Both adapters were trained by `benchmarks/gpu/smollm2_pipeline.sh` (see their model cards).
 
     python examples/smollm2_demo.py [--length 4096] [--out demo_output]
 """

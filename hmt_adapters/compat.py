@@ -30,7 +30,7 @@ CACHE_KWARG: str = ALL_CACHE_NAMES[0]
 STATE_SPACE_CACHE_KWARG: str = "cache" if CACHE_KWARG == "cache" else "cache_params"
 
 # The transformers releases the whole test suite passed on (floor inclusive, ceiling exclusive), kept equal to the
-# range in pyproject.toml by `python benchmarks/version_matrix.py --refresh-lock` (docs/development.md).
+# range in pyproject.toml by `python tools/version_matrix.py --refresh-lock` (docs/development.md).
 TESTED_TRANSFORMERS: tuple[str, str] = ("5.17.0", "5.25")
 
 

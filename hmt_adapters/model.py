@@ -27,7 +27,7 @@ from .runtime.generation import MemoryGenerationCache, check_generation_options,
 from .runtime.packing import Packing
 from .runtime.stream import read_stream
 from .saving import adapter_io, card, checkpoint, hub
-from .state import STATE_SIGNATURE, MemoryState
+from .state import STATE_SIGNATURE, MemoryState, check_state
 
 
 def _methods_without_attention() -> list[str]:
@@ -145,6 +145,7 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self.memory.to(device=param.device, dtype=param.dtype if param.is_floating_point() else None)
         self.tokenizer: Any = None
         self.frozen_for_inference = False  # set by `from_pretrained` without `is_trainable` (see `_check_trainable`)
+        self.loading_info: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": []}  # `from_pretrained`'s
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`nn.Module.__call__`; a call with `fused_lm_head=True` (TRL's fused LM head, docs/training.md) sees
@@ -382,37 +383,14 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         self._check_state(state, ids.shape[0])
         if torch.is_grad_enabled() and self.memory_config.bptt_depth is None:
             state = state.detach()
-        pending = state.pending_length
-        if pending and state.pending_ids is not None and state.pending_mask is not None:
-            ids_all = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
-            mask_all = torch.cat([state.pending_mask.to(mask.device).long(), mask], dim=1)
-        else:
-            ids_all, mask_all = ids, mask
-        targets = None
-        if labels is not None:
-            chunk = Packing.of(mask)
-            inside = chunk.unpack(
-                shift_targets(chunk.pack(self._check_labels(labels, input_ids), IGNORE_INDEX)), IGNORE_INDEX
-            )
-            targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
-        stream = Packing.of(mask_all)
-        result, open_ids, open_mask = read_stream(
-            self.runtime,
-            stream.pack(ids_all),
-            stream.counts,
-            None if targets is None else stream.pack(targets, IGNORE_INDEX),
-            state,
-            keep_logits=return_logits,
-        )
-        new_state = result.state
-        if open_ids.shape[1]:
-            new_state.pending_ids, new_state.pending_mask = open_ids, open_mask
+        checked = None if labels is None else self._check_labels(labels, input_ids)
+        result = read_stream(self.runtime, state, ids, mask, checked, keep_logits=return_logits)
         out = MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
-            logits=stream.unpack(result.logits)[:, pending:] if return_logits else None,
-            memory_state=new_state,
+            logits=result.logits,
+            memory_state=result.state,
         ).with_num_tokens(result.num_tokens if labels is not None else None)
-        return out, new_state
+        return out, result.state
 
     # ---- Trainer glue ----------------------------------------------------------------------------------------
 
@@ -661,6 +639,18 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             cls, base_model, pretrained_model_name_or_path, is_trainable=is_trainable, inplace=inplace, **kwargs
         )
 
+    def create_model_card(
+        self,
+        repo_id: str | None = None,
+        tags: list[str] | None = None,
+        results: str | None = None,
+        training: str | None = None,
+    ) -> Any:
+        """The model card `push_to_hub` uploads (a `huggingface_hub.ModelCard`: `.save(path)` writes the README of an
+        adapter folder): method, base model, config, how to load it; `results` and `training` are markdown sections,
+        `repo_id` the name its loading snippet uses."""
+        return card.render_model_card(self, tags=tags, repo_id=repo_id, results=results, training=training)
+
     def push_to_hub(  # type: ignore[override]  # the adapter only: its own options
         self,
         repo_id: str,
@@ -756,42 +746,17 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
     def _state_signature(self) -> dict[str, Any]:
         """What a memory state depends on: the method's config (not its runtime switches) and the backbone's sizes."""
         config = {k: v for k, v in self.memory_config.saved_fields().items() if k != "bptt_depth"}
-        return {**config, **adapter_io.backbone_facts(self.adapter)}
+        return {**config, **self.adapter.facts()}
 
     def _check_state(self, state: MemoryState, batch_size: int) -> None:
-        if not isinstance(state, MemoryState):
-            raise TypeError(f"`state` must be a MemoryState from `init_memory`/`step`, got {type(state).__name__}.")
-        if state.method != self.method:
-            raise ValueError(f"This state belongs to method '{state.method}', but the model runs '{self.method}'.")
-        made_for = state.extras.get(STATE_SIGNATURE)
-        if made_for is not None:
-            own = self._state_signature()
-            diffs = [
-                f"{k} {made_for.get(k)!r} (state) vs {own.get(k)!r} (model)"
-                for k in sorted(set(own) | set(made_for))
-                if made_for.get(k) != own.get(k)
-            ]
-            if diffs:
-                raise ValueError(f"This state was made by another '{self.method}' model: {'; '.join(diffs)}.")
-        else:
-            self._check_unsigned_state(state)
-        if state.batch_size != batch_size:
-            raise ValueError(f"The state holds {state.batch_size} streams but the chunk has batch size {batch_size}.")
-
-    def _check_unsigned_state(self, state: MemoryState) -> None:
-        """A state without the signature of its model (`extras["made_for"]` removed, or built by hand) is checked by
-        its tensors: the names, per-stream shapes and kinds (float / integer / bool) this model's states have
-        (`MemoryMethod.state_differences`), so a state of another method or config is refused here instead of
-        crashing or being read wrongly (docs/adapters.md)."""
-        param = next(self.adapter.model.parameters())
-        diffs = self.memory.state_differences(state.tensors, param.dtype)
-        if diffs:
-            raise ValueError(
-                f"This state carries no signature of the model that made it (`extras[{STATE_SIGNATURE!r}]`), so it is "
-                f"checked by its tensors, which are not those of this '{self.method}' model: {'; '.join(diffs)}. "
-                "A state fits only a model of the same method, config and backbone: make it with this model's "
-                "`init_memory`/`step`."
-            )
+        dtype = next(self.adapter.model.parameters()).dtype
+        check_state(
+            state,
+            self.method,
+            self._state_signature(),
+            lambda tensors: self.memory.state_differences(tensors, dtype),
+            batch_size,
+        )
 
     @staticmethod
     def _loss(loss_sum: torch.Tensor, num_tokens: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor:

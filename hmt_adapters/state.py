@@ -1,9 +1,11 @@
-"""`MemoryState`: the explicit memory carried between calls, its row operations (select, merge) and its file."""
+"""`MemoryState`: the explicit memory carried between calls, its row operations (select, merge), the check that a
+model can continue it (`check_state`) and its file."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,3 +168,42 @@ def merge_rows(parts: list[tuple[torch.Tensor, MemoryState]], batch_size: int) -
             out[rows] = state.tensors[name]
         merged[name] = out
     return merged
+
+
+def check_state(
+    state: Any,
+    method: str,
+    signature: dict[str, Any],
+    tensor_differences: Callable[[dict[str, torch.Tensor]], list[str]],
+    batch_size: int,
+) -> None:
+    """Refuse a `state` that a model of `method` with `signature` (its config and backbone facts) cannot continue
+    with a chunk of `batch_size` rows, naming the difference. A state without a signature (`extras["made_for"]`
+    removed, or built by hand) is checked by its tensors instead: `tensor_differences(state.tensors)` lists how
+    their names, per-stream shapes and kinds differ from the model's states (`MemoryMethod.state_differences`), so a
+    state of another method or config is refused here instead of crashing or being read wrongly (docs/adapters.md).
+    """
+    if not isinstance(state, MemoryState):
+        raise TypeError(f"`state` must be a MemoryState from `init_memory`/`step`, got {type(state).__name__}.")
+    if state.method != method:
+        raise ValueError(f"This state belongs to method '{state.method}', but the model runs '{method}'.")
+    made_for = state.extras.get(STATE_SIGNATURE)
+    if made_for is not None:
+        diffs = [
+            f"{k} {made_for.get(k)!r} (state) vs {signature.get(k)!r} (model)"
+            for k in sorted(set(signature) | set(made_for))
+            if made_for.get(k) != signature.get(k)
+        ]
+        if diffs:
+            raise ValueError(f"This state was made by another '{method}' model: {'; '.join(diffs)}.")
+    else:
+        diffs = tensor_differences(state.tensors)
+        if diffs:
+            raise ValueError(
+                f"This state carries no signature of the model that made it (`extras[{STATE_SIGNATURE!r}]`), so it is "
+                f"checked by its tensors, which are not those of this '{method}' model: {'; '.join(diffs)}. "
+                "A state fits only a model of the same method, config and backbone: make it with this model's "
+                "`init_memory`/`step`."
+            )
+    if state.batch_size != batch_size:
+        raise ValueError(f"The state holds {state.batch_size} streams but the chunk has batch size {batch_size}.")

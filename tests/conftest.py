@@ -1,25 +1,16 @@
-"""Test environment: offline hubs, a private HF cache, deterministic CPU threads."""
+"""Test environment (tests/environment.py: offline hubs, a private HF cache, one CPU thread) and a fixed seed."""
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hmt-adapters-hf-"))
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Tiny test models are dominated by per-op overhead: one thread is fastest, and robust when cores are shared.
-torch.set_num_threads(1)
+import environment  # noqa: E402, F401  (sets the environment on import)
 
 
 @pytest.fixture(autouse=True)

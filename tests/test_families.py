@@ -2,7 +2,7 @@
 backbone with memory disabled and passes the method's round trips, or is refused with an error naming the method,
 the family and the reason; and on every family that takes attention memory, memory reads are exact (Transformer-XL
 with memory covering the document == the bare backbone). The support matrix in docs/support_matrix.md is this
-matrix (`benchmarks/results/support_matrix.json`)."""
+matrix (`tools/results/support_matrix.json`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tiny import (
 
 SEGMENT = 8
 METHODS = tuple(METHOD_CASES)
-MATRIX_JSON = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "support_matrix.json")
+MATRIX_JSON = os.path.join(os.path.dirname(__file__), "..", "tools", "results", "support_matrix.json")
 
 INPUT_LEVEL = ("rmt", "hmt")
 
@@ -187,7 +187,7 @@ def test_memory_reads_are_exact_xl_covering_the_document_equals_the_bare_backbon
 
 
 def test_the_readme_support_matrix_is_this_matrix():
-    """`benchmarks/results/support_matrix.json` (rendered into docs/support_matrix.md) records exactly these cell
+    """`tools/results/support_matrix.json` (rendered into docs/support_matrix.md) records exactly these cell
     outcomes and, per family, whether memory reads were checked exact."""
     with open(MATRIX_JSON) as f:
         recorded = json.load(f)

@@ -24,9 +24,6 @@ from hmt_adapters.memory import attend
 from hmt_adapters.methods.infllm import block_pages
 from hmt_adapters.methods.infllm import method as infllm_module
 from hmt_adapters.methods.infllm.method import InfLLM
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from common import resident_kib_by_mapping  # noqa: E402
 from tiny import (
     FAMILY_NAMES,
     FAMILY_VOCAB,
@@ -771,7 +768,7 @@ def test_full_file_pages_leave_the_resident_set_and_read_back_the_same(tmp_path)
     files = [placed[i].untyped_storage().filename for i in (0, 4, 8)]
 
     def resident() -> list[int]:
-        found = resident_kib_by_mapping()  # the files' resident KiB (None: no longer mapped)
+        found = block_pages.resident_kib_by_mapping()  # the files' resident KiB (None: no longer mapped)
         return [found.get(f) for f in files]
 
     assert resident() == [0, 0, 64]  # only the page being filled
@@ -959,7 +956,7 @@ def test_one_kernel_read_gives_the_sliced_reads_logits_and_tokens(monkeypatch, p
 def test_smollm2_answers_a_needle_it_retrieved_from_memory():
     """The real model, no training: SmolLM2-135M wrapped with the default configuration (window 4096) answers a
     RULER single needle in an 8k-token noise haystack with the needle in a retrieved block, not in the window
-    (benchmarks/infllm.py measures 4k-128k: docs/infllm.md)."""
+    (4k-128k are measured in docs/infllm.md)."""
     from hmt_adapters.backbones import smollm2
 
     base, tokenizer = smollm2()
@@ -973,7 +970,6 @@ def test_smollm2_answers_a_needle_it_retrieved_from_memory():
 
 
 def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says_so():
-    from pathlib import Path
 
     from hmt_adapters.saving.card import render_model_card
 
@@ -990,7 +986,6 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
 def test_the_readme_recipe_for_questions_ships_as_a_folder_that_loads_in_one_line():
     import ast
     import re
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     # the `wrap_with_memory(base, "infllm", ...)` call of the README's headline (its recipe for questions)

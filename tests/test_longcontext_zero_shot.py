@@ -1,23 +1,18 @@
-"""Zero-shot readers (`benchmarks/longcontext.py --methods`): every registered method wraps the bare backbone
+"""Zero-shot readers (`--methods` of the long-context benchmark): every registered method wraps the bare backbone
 untrained, shares its weights, answers a prompt, records its store; unknown names and policies are refused, naming
 the options."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import hmt_adapters as ha
-from hmt_adapters.evaluation import Reader, accuracy_table, answer_rows, make_samples
+from hmt_adapters.evaluation import Reader, answer_rows, make_samples
 from hmt_adapters.evaluation.zero_shot import memory_policies, zero_shot_fields, zero_shot_readers
 from hmt_adapters.registry import get_method
 from hmt_adapters.training import token_nll
 from tiny import tiny_llama, tiny_tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def test_every_method_builds_a_zero_shot_reader_that_answers():
@@ -75,40 +70,3 @@ def test_memory_policies_per_method_and_bad_values_name_the_options():
     tok = tiny_tokenizer()
     with pytest.raises(ValueError, match=r"Unknown memory method\(s\) \['xl'\]; available methods: \[.*'hmt'"):
         zero_shot_readers(tiny_llama(len(tok)), ["hmt", "xl"])
-
-
-def test_benchmark_command_line_refuses_an_unknown_method_naming_the_allowed_ones(capsys):
-    from longcontext import build_parser
-
-    args = build_parser().parse_args(["--methods", "hmt", "trams", "--memory", "cover", "trams=preset"])
-    assert args.methods == ["hmt", "trams"] and args.memory == ["cover", "trams=preset"]
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--methods", "xl"])
-    err = capsys.readouterr().err
-    assert "invalid choice: 'xl'" in err and all(m in err for m in ha.available_methods())
-
-
-def test_readme_section_lists_every_reader_its_store_and_seconds_per_prompt():
-    from longcontext import readme_section
-
-    tok = tiny_tokenizer()
-    readers, info = zero_shot_readers(
-        tiny_llama(len(tok)), ["memorizing_transformer", "rmt"], segment_length=32, memory="cover", cover=160
-    )
-    rows = answer_rows(readers, make_samples("passkey", tok, 160, 2, haystack="repeat"), tok, progress=False)
-    rows[0]["seconds"], rows[2]["seconds"] = 1.0, 3.0  # memorizing's two samples: mean 2.0
-    data = {
-        "command": "benchmarks/longcontext.py --methods memorizing_transformer rmt",
-        "context": 4096,
-        "window": 32,
-        "readers": [r.name for r in readers],
-        "rows": rows,
-        "table": accuracy_table(rows),
-        "zero_shot": {"memory": "cover", "readers": info},
-    }
-    text = readme_section(data, "x")
-    accuracy = data["table"]["passkey"]["rmt (zero-shot)"]["160"]["accuracy"]
-    assert f"| `rmt (zero-shot)` | {accuracy:.2f} (2) |" in text
-    assert "| `memorizing_transformer (zero-shot)` | 2.0 |" in text
-    assert "- `memorizing_transformer (zero-shot)`: cover store, segment 32, memory_size 160;" in text
-    assert "- `rmt (zero-shot)`: cover store, segment 32, num_memory_tokens 1; untrained:" in text

@@ -11,7 +11,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.evaluation.harness import MemoryLM
-from hmt_adapters.training.evaluation import token_nll
+from hmt_adapters.evaluation.nll import token_nll
 from tiny import random_ids, tiny_backbone, tiny_llama, tiny_tokenizer
 
 CASES = {

@@ -2,7 +2,7 @@
 
 transformers 5.24 renamed the cache keyword (`past_key_values`/`cache_params` -> `cache`) and broke every `generate`
 of this package (docs/development.md, "Upgrading transformers"). These tests run against the installed release, so
-the version matrix (`benchmarks/version_matrix.py`) runs them on every release from the floor to the newest.
+the version matrix (`tools/version_matrix.py`) runs them on every release from the floor to the newest.
 """
 
 from __future__ import annotations

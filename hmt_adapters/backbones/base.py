@@ -94,6 +94,18 @@ class BackboneAdapter:
     def vocab_size(self) -> int:
         return self._embedding_weight.shape[0]
 
+    def facts(self) -> dict[str, Any]:
+        """What an adapter or a memory state depends on in this base model: architecture, widths, depth and
+        vocabulary (saved with an adapter and checked against the base it is loaded onto)."""
+        return {
+            "base_model_architecture": type(self.model).__name__,
+            "base_model_type": self.model_type,
+            "embed_dim": self.embed_dim,
+            "hidden_size": getattr(self.config, "hidden_size", None),
+            "num_hidden_layers": getattr(self.config, "num_hidden_layers", None),
+            "vocab_size": self.vocab_size,
+        }
+
     @property
     def _embedding_weight(self) -> torch.Tensor:
         return cast(torch.Tensor, self.model.get_input_embeddings().weight)

@@ -1,6 +1,7 @@
 """Long-context evaluation: passkey, RULER needles and variable tracking, BABILong-style QA and book perplexity over
-real-text haystacks, for memory models and their bare-backbone baselines; lm-eval integration in `.harness`
-(imported on its own: it needs the `eval` extra)."""
+real-text haystacks, for memory models and their bare-backbone baselines; corpus NLL and perplexity in `.nll` (also
+named by `hmt_adapters.training`); lm-eval integration in `.harness` (imported on its own: it needs the `eval`
+extra)."""
 
 from .haystack import HAYSTACKS, Haystack, load_haystack
 from .runner import Reader, accuracy_table, answer_rows, book_nll, book_perplexity, retrieval_recall

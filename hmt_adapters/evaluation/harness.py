@@ -38,7 +38,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..backbones.pretrained import load_backbone
 from ..model import MemoryModel
-from ..training.evaluation import token_nll
+from .nll import token_nll
 from .samples import Sample
 from .scoring import score
 

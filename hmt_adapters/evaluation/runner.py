@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..model import MemoryModel
-from ..training.evaluation import perplexity_by_length, sliding_window_nll, token_nll
+from .nll import perplexity_by_length, sliding_window_nll, token_nll
 from .samples import Sample
 from .scoring import score
 

@@ -125,6 +125,10 @@ class RunResult:
 class SegmentRuntime:
     """Runs a `MemoryMethod` over the segments of an input."""
 
+    # The saved-tensor hooks of `offload_activations` (`model.runtime.offload_class`: a subclass can meter them, as
+    # benchmarks/training_memory.py does on a CPU, where nothing moves)
+    offload_class: type[ActivationOffload] = ActivationOffload
+
     def __init__(self, method: MemoryMethod, backbone: BackboneAdapter):
         self.method = method
         self.backbone = backbone
@@ -221,7 +225,7 @@ class SegmentRuntime:
         return RunResult(loss_sum, num_tokens, logits.joined() if logits is not None else None, new_state)
 
     def _offload(self) -> ActivationOffload:
-        return ActivationOffload([self.backbone.model, self.method])
+        return self.offload_class([self.backbone.model, self.method])
 
     def _segment(
         self,

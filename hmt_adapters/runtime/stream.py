@@ -1,23 +1,65 @@
-"""Streaming: read a chunk of packed token rows into the memory state, each row closing its own full segments and
-handing its unfinished segment back (`MemoryModel.step` keeps it pending until it fills)."""
+"""Streaming (`MemoryModel.step`): read the next chunk of each row's stream into the memory state. The tokens a
+row's last call left in an unfinished segment are read again in front of the chunk; each row closes its own full
+segments and hands its unfinished one back, kept in the state as pending until it fills."""
 
 from __future__ import annotations
 
 import torch
 
 from ..state import MemoryState
-from .packing import columns_below, shift_columns
-from .segments import IGNORE_INDEX, RunResult, SegmentRuntime, closed_part
+from .packing import Packing, columns_below, shift_columns
+from .segments import IGNORE_INDEX, RunResult, SegmentRuntime, closed_part, shift_targets
 
 
 def read_stream(
+    runtime: SegmentRuntime,
+    state: MemoryState,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    keep_logits: bool = True,
+) -> RunResult:
+    """Read a chunk `ids` `[B, n]` (`mask` 0: padding, skipped) after `state`.
+
+    `labels` `[B, n]` give next-token targets inside the chunk (a chunk's first token predicts nothing from the
+    previous chunk, as in `forward` over the concatenation). The result's logits `[B, n, V]` are in the chunk's layout
+    (None with `keep_logits=False`); its state is the one after the chunk, each row's unfinished segment pending.
+    """
+    pending = state.pending_length
+    if pending and state.pending_ids is not None and state.pending_mask is not None:
+        ids_all = torch.cat([state.pending_ids.to(ids.device), ids], dim=1)
+        mask_all = torch.cat([state.pending_mask.to(mask.device).long(), mask], dim=1)
+    else:
+        ids_all, mask_all = ids, mask
+    targets = None
+    if labels is not None:
+        chunk = Packing.of(mask)
+        inside = chunk.unpack(shift_targets(chunk.pack(labels, IGNORE_INDEX)), IGNORE_INDEX)
+        targets = torch.cat([inside.new_full((ids.shape[0], pending), IGNORE_INDEX), inside], dim=1)
+    stream = Packing.of(mask_all)
+    result, open_ids, open_mask = read_packed(
+        runtime,
+        stream.pack(ids_all),
+        stream.counts,
+        None if targets is None else stream.pack(targets, IGNORE_INDEX),
+        state,
+        keep_logits=keep_logits,
+    )
+    if open_ids.shape[1]:
+        result.state.pending_ids, result.state.pending_mask = open_ids, open_mask
+    if result.logits is not None:
+        result.logits = stream.unpack(result.logits)[:, pending:]
+    return result
+
+
+def read_packed(
     runtime: SegmentRuntime,
     ids: torch.Tensor,
     counts: torch.Tensor,
     targets: torch.Tensor | None,
     state: MemoryState,
     keep_logits: bool = True,
-):
+) -> tuple[RunResult, torch.Tensor, torch.Tensor]:
     """Read packed rows `[B, W]` (row i's `counts[i]` tokens first) from `state`, each row closing its own segments.
 
     Returns `(result, open_ids, open_mask)`: `result.logits` is in the packed layout (None with `keep_logits=False`:

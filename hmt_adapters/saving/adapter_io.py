@@ -8,13 +8,11 @@ the base model (name, architecture, widths, vocabulary) and the file format vers
 from __future__ import annotations
 
 import copy
-import ctypes
 import json
 import logging
 import os
-import shutil
-import tempfile
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -27,6 +25,7 @@ from ..registry import get_method
 from ..state import check_finite
 from ..version import __version__
 from . import checkpoint, hub
+from .atomic import replace_folder
 from .files import (
     ADAPTER_FILE_KIND,
     CONFIG_NAME,
@@ -40,12 +39,11 @@ from .files import (
     TOKENIZER_CONFIG_NAME,
     TOKENIZER_FILES,
     WEIGHTS_NAME,
+    SavableModel,
 )
 
-if TYPE_CHECKING:
-    from ..model import MemoryModel
-
 logger = logging.getLogger(__name__)
+Model = TypeVar("Model", bound=SavableModel)  # the model class `load_adapter` builds (`MemoryModel`)
 
 # What `from_pretrained` accepts besides the download keywords and the config fields.
 LOAD_KWARGS = ("is_trainable", "inplace")
@@ -75,32 +73,19 @@ def has_peft_layers(model: torch.nn.Module) -> bool:
     return any(isinstance(m, BaseTunerLayer) for m in model.modules())
 
 
-def backbone_facts(adapter: BackboneAdapter) -> dict[str, Any]:
-    """What an adapter depends on in its base model: architecture, widths, depth and vocabulary."""
-    config = adapter.config
-    return {
-        "base_model_architecture": type(adapter.model).__name__,
-        "base_model_type": adapter.model_type,
-        "embed_dim": adapter.embed_dim,
-        "hidden_size": getattr(config, "hidden_size", None),
-        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
-        "vocab_size": adapter.vocab_size,
-    }
-
-
-def base_metadata(model: MemoryModel) -> dict[str, Any]:
+def base_metadata(model: SavableModel) -> dict[str, Any]:
     """The metadata `save_pretrained` writes beside the config fields (see `config.METADATA_KEYS`)."""
     name = getattr(model.adapter.config, "_name_or_path", "") or None
     return {
         "format_version": FORMAT_VERSION,
         "hmt_adapters_version": __version__,
         "base_model_name_or_path": name,
-        **backbone_facts(model.adapter),
+        **model.adapter.facts(),
     }
 
 
 def memory_state_dict(
-    model: MemoryModel, state_dict: dict[str, torch.Tensor] | None = None
+    model: SavableModel, state_dict: dict[str, torch.Tensor] | None = None
 ) -> dict[str, torch.Tensor]:
     """The memory method's weights, keyed as in `model.memory` (taken from `state_dict` when the Trainer passes
     one)."""
@@ -113,7 +98,7 @@ def memory_state_dict(
 # ---- saving ----------------------------------------------------------------------------------------------------
 
 
-def _write_files(model: MemoryModel, folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
+def _write_files(model: SavableModel, folder: str, state_dict: dict[str, torch.Tensor] | None) -> None:
     weights = {k: v.contiguous().cpu() for k, v in memory_state_dict(model, state_dict).items()}
     save_file(
         weights,
@@ -176,100 +161,8 @@ def _read_peft_config(folder: str, is_trainable: bool) -> Any:
     return config
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    """Hard-link `src` at `dst` (same file system: no copy), or copy it where links are not possible."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def _carry_over(directory: str, tmp: str) -> None:
-    """Put into `tmp` what `directory` holds and the new save does not write (a tokenizer, a Trainer's state), as
-    hard links; peft files of an earlier save that this one does not write are dropped (a load would apply them), and
-    so are tokenizer files when this save writes a tokenizer (one tokenizer's files, never a mix of two)."""
-    written = set(os.listdir(tmp))
-    replaced = PEFT_FILES + (TOKENIZER_FILES if TOKENIZER_CONFIG_NAME in written else ())
-    stale = []
-    for name in os.listdir(directory):
-        if name in written:
-            continue
-        if name in replaced:
-            stale.append(name)
-            continue
-        src, dst = os.path.join(directory, name), os.path.join(tmp, name)
-        if os.path.isdir(src) and not os.path.islink(src):
-            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
-        else:
-            _link_or_copy(src, dst)
-    if stale:
-        logger.info("Removed %s of an earlier save from %s: this save does not write them.", stale, directory)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap the paths `a` and `b` in one step (Linux `renameat2(RENAME_EXCHANGE)`); False where that is unavailable."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _swap_in(tmp: str, directory: str) -> None:
-    """Make the complete new folder `tmp` the adapter folder `directory` in one rename: a reader sees the old adapter
-    or the new one, never a mix. Afterwards `tmp` holds the old folder (removed by the caller)."""
-    if not os.path.exists(directory):
-        os.replace(tmp, directory)
-        return
-    _carry_over(directory, tmp)
-    if _exchange(tmp, directory):
-        return
-    old = tmp + ".old"  # no atomic exchange here: two renames, the folder is absent (never mixed) in between
-    os.rename(directory, old)
-    os.rename(tmp, directory)
-    os.rename(old, tmp)
-
-
-def _move_files_in(tmp: str, directory: str) -> None:
-    """Move every entry of `tmp` into `directory` (the config last): only where `tmp` had to be staged inside
-    `directory` itself (a writable folder in a read-only parent), which leaves no folder to swap."""
-    written = sorted(os.listdir(tmp), key=lambda n: n == CONFIG_NAME)
-    for name in written:
-        target = os.path.join(directory, name)
-        if os.path.isdir(os.path.join(tmp, name)) and os.path.isdir(target):
-            shutil.rmtree(target)  # a peft adapter saved under a non-default name
-        os.replace(os.path.join(tmp, name), target)
-    for name in PEFT_FILES + (TOKENIZER_FILES if TOKENIZER_CONFIG_NAME in written else ()):
-        if name not in written and os.path.isfile(os.path.join(directory, name)):
-            os.remove(os.path.join(directory, name))
-
-
-def _umask_modes(folder: str) -> None:
-    """The modes a plain `open`/`mkdir` would give under the process umask (0644 / 0755 with umask 022), for the
-    staging folder (`mkdtemp` makes it 0700) and every file in it (safetensors writes 0600), so a saved adapter is
-    as readable as the rest of the user's files."""
-    probe = os.path.join(folder, ".umask-probe")  # made as open() makes files (0o666 & ~umask): no global umask call
-    os.close(os.open(probe, os.O_CREAT | os.O_WRONLY, 0o666))
-    umask = 0o666 & ~os.stat(probe).st_mode
-    os.remove(probe)
-    os.chmod(folder, 0o777 & ~umask)
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~umask)
-
-
-def _remove_leftovers(parent: str, prefix: str, keep: str) -> None:
-    """Remove the staging folders of earlier saves that were interrupted (killed) before they could clean up."""
-    for name in os.listdir(parent):
-        path = os.path.join(parent, name)
-        if name.startswith(prefix) and path != keep and os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def save_adapter(
-    model: MemoryModel,
+    model: SavableModel,
     directory: str | os.PathLike,
     state_dict: dict[str, torch.Tensor] | None = None,
     is_main_process: bool = True,
@@ -280,10 +173,11 @@ def save_adapter(
 
     Every file is first written to a temporary folder beside `directory`, with the other files of an existing
     `directory` hard-linked in (peft files of an earlier save that this one does not write are dropped: a later load
-    would apply them); the complete folder then replaces `directory` in one rename (`_swap_in`), so an error or a kill
-    while saving leaves the earlier save whole, and a reader never sees a mix. Staging folders that a killed save
-    left behind are removed by the next save. `trainer_weights` adds the Trainer's `model.safetensors`; `tokenizer`
-    (anything with a transformers-style `save_pretrained`) is written into the same folder, in the same swap.
+    would apply them); the complete folder then replaces `directory` in one rename (`atomic.replace_folder`), so an
+    error or a kill while saving leaves the earlier save whole, and a reader never sees a mix. Staging folders that a
+    killed save left behind are removed by the next save. `trainer_weights` adds the Trainer's `model.safetensors`;
+    `tokenizer` (anything with a transformers-style `save_pretrained`) is written into the same folder, in the same
+    swap.
     """
     if not is_main_process:
         return
@@ -295,31 +189,18 @@ def save_adapter(
     directory = os.path.abspath(os.fspath(directory))
     if os.path.isfile(directory):
         raise ValueError(f"`save_directory` {directory!r} is a file; pass a directory.")
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    prefix = f".{os.path.basename(directory)}.tmp-"
-    staged_inside = False
-    try:
-        tmp = tempfile.mkdtemp(dir=parent, prefix=prefix)
-    except PermissionError:  # a writable folder in a read-only parent: stage inside it (same file system)
-        if not os.path.isdir(directory):
-            raise
-        parent, prefix, staged_inside = directory, ".hmt-adapters.tmp-", True
-        tmp = tempfile.mkdtemp(dir=directory, prefix=prefix)
-    _remove_leftovers(parent, prefix, keep=tmp)
-    try:
+    with replace_folder(directory, replaced=_replaced, last=CONFIG_NAME) as tmp:
         _write_files(model, tmp, state_dict)
         if trainer_weights:
             checkpoint.save_trainer_weights(model, tmp, state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _umask_modes(tmp)
-        if staged_inside:
-            _move_files_in(tmp, directory)
-        else:
-            _swap_in(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replaced(written: set[str]) -> tuple[str, ...]:
+    """Files of an earlier save that go when a save writes `written`: peft files it does not write (a load would
+    apply them), and the tokenizer's when it writes a tokenizer (one tokenizer's files, never a mix of two)."""
+    return PEFT_FILES + (TOKENIZER_FILES if TOKENIZER_CONFIG_NAME in written else ())
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
@@ -369,7 +250,7 @@ def read_adapter_config(folder: str, overrides: dict[str, Any], source: str) -> 
 
 def check_base(meta: dict[str, Any], adapter: BackboneAdapter, source: str) -> None:
     """Refuse a base model that differs from the recorded one in architecture, widths, depth or vocabulary."""
-    given = backbone_facts(adapter)
+    given = adapter.facts()
     diffs = [
         f"{key} {meta[key]!r} (adapter) vs {given[key]!r} (given base)"
         for key in given
@@ -449,13 +330,13 @@ def _load_peft(base_model: torch.nn.Module, folder: str, is_trainable: bool) -> 
 
 
 def load_adapter(
-    cls: type[MemoryModel],
+    cls: Callable[[torch.nn.Module, MemoryConfig], Model],
     base_model: torch.nn.Module,
     path_or_id: str | os.PathLike,
     is_trainable: bool = False,
     inplace: bool = False,
     **kwargs: Any,
-) -> MemoryModel:
+) -> Model:
     """Wrap `base_model` with a saved adapter (see `MemoryModel.from_pretrained`, which checks first that
     `base_model` can be wrapped)."""
     if not isinstance(is_trainable, bool) or not isinstance(inplace, bool):
@@ -485,7 +366,7 @@ def load_adapter(
 
 
 def _load_memory_weights(
-    model: MemoryModel,
+    model: SavableModel,
     weights: dict[str, torch.Tensor],
     source: str,
     overridden: dict[str, tuple[Any, Any]],

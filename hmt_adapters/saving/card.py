@@ -16,12 +16,10 @@ from ..backbones import is_peft
 from ..backbones.pretrained import KNOWN_BASES, base_model_code
 from ..version import __version__
 from .adapter_io import base_metadata, save_adapter
-from .files import CARD_TEMPLATE
+from .files import CARD_TEMPLATE, SavableModel
 
 if TYPE_CHECKING:
     import torch
-
-    from ..model import MemoryModel
 
 LIBRARY_NAME = "hmt-adapters"
 
@@ -40,7 +38,7 @@ def card_base_model(base: str | None) -> str | None:
     return base
 
 
-def render_model_card(model: MemoryModel, tags: list[str] | None = None, **fields: Any) -> ModelCard:
+def render_model_card(model: SavableModel, tags: list[str] | None = None, **fields: Any) -> ModelCard:
     """The Hub model card for `model`'s adapter, from the template in `hmt_adapters/model_cards/` (`fields` fill its
     slots)."""
     meta = base_metadata(model)
@@ -68,7 +66,7 @@ def render_model_card(model: MemoryModel, tags: list[str] | None = None, **field
 
 
 def push_adapter(
-    model: MemoryModel,
+    model: SavableModel,
     repo_id: str,
     *,
     commit_message: str | None = None,

@@ -10,33 +10,31 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-if TYPE_CHECKING:
-    from ..model import MemoryModel
+from .files import SavableModel
 
 MEMORY_PREFIX = "memory."
 TRAINER_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")
 
 
-def trainable_keys(model: MemoryModel) -> set[str]:
+def trainable_keys(model: SavableModel) -> set[str]:
     """State-dict keys a checkpoint must hold: every `memory.*` entry and every trainable backbone parameter."""
     keys = {k for k in model.state_dict(keep_vars=True) if k.startswith(MEMORY_PREFIX)}
     keys.update(f"{model.base_model_prefix}.{n}" for n, p in model.backbone.named_parameters() if p.requires_grad)
     return keys
 
 
-def frozen_keys(model: MemoryModel) -> set[str]:
+def frozen_keys(model: SavableModel) -> set[str]:
     """State-dict keys of the frozen backbone: never written to a checkpoint, so never missing from one."""
     return set(model.state_dict(keep_vars=True)) - trainable_keys(model)
 
 
-def check_state_dict(model: MemoryModel, state_dict: dict[str, torch.Tensor]) -> None:
+def check_state_dict(model: SavableModel, state_dict: dict[str, torch.Tensor]) -> None:
     """Raise a `ValueError` when a state dict holding memory weights was written for another method, config or
     backbone.
 
@@ -71,7 +69,7 @@ def is_trainer_checkpoint(directory: str | os.PathLike) -> bool:
 
 
 def save_trainer_weights(
-    model: MemoryModel, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None
+    model: SavableModel, directory: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None
 ) -> str:
     """Write the trainable state under the model's own key names to `model.safetensors`, the file `Trainer` resumes
     from."""

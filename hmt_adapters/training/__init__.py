@@ -1,8 +1,7 @@
-"""Training a `MemoryModel` at depth: the HF `Trainer` glue, multi-stage BPTT, DeepSpeed configs, LoRA."""
+"""Training a `MemoryModel` at depth: the HF `Trainer` glue, multi-stage BPTT, DeepSpeed configs, LoRA, and the
+saved-tensor hooks that offload activations (`ActivationOffload`, what `offload_activations=True` uses)."""
 
-from .deepspeed import CONFIG_NAMES as DEEPSPEED_CONFIGS
-from .deepspeed import deepspeed_config
-from .evaluation import (
+from ..evaluation.nll import (  # perplexity lives with evaluation; named here too, as before
     corpus_nll,
     perplexity,
     perplexity_by_length,
@@ -10,11 +9,15 @@ from .evaluation import (
     sliding_window_nll,
     token_nll,
 )
+from ..runtime.offload import ActivationOffload
+from .deepspeed import CONFIG_NAMES as DEEPSPEED_CONFIGS
+from .deepspeed import deepspeed_config
 from .lora import add_lora, lora_target_modules
 from .stages import Stage, hmt_stages, segment_curriculum, train_stages
 from .trainer import MemoryTrainer
 
 __all__ = [
+    "ActivationOffload",
     "DEEPSPEED_CONFIGS",
     "MemoryTrainer",
     "Stage",

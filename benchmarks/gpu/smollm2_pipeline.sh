@@ -9,8 +9,8 @@
 # then perplexity against length on held-out Austen and KJV documents, and training memory against BPTT depth
 # (on a GPU: torch.cuda.max_memory_allocated).
 #
-#   bash benchmarks/smollm2_pipeline.sh runs/smollm2          # GPU (the shipped adapters: one H100, see model card)
-#   STEPS1=2 STEPS2=2 BATCH=1 EVAL_LENGTH=1024 bash benchmarks/smollm2_pipeline.sh runs/smoke   # CPU smoke run
+#   bash benchmarks/gpu/smollm2_pipeline.sh runs/smollm2          # GPU (the shipped adapters: one H100, see model card)
+#   STEPS1=2 STEPS2=2 BATCH=1 EVAL_LENGTH=1024 bash benchmarks/gpu/smollm2_pipeline.sh runs/smoke   # CPU smoke run
 set -euo pipefail
 OUT=${1:-runs/smollm2}
 STEPS1=${STEPS1:-200}
