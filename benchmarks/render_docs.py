@@ -1,11 +1,11 @@
-"""Render the result tables of README.md and docs/*.md from `benchmarks/results/*.json` (between
+"""Render the result tables of docs/*.md and the README's one headline table from `benchmarks/results/*.json` (between
 `<!-- NAME:start -->` and `<!-- NAME:end -->` markers, in whichever page holds them), so every number in the
 documentation comes from a results file.
 
     python benchmarks/render_docs.py [--demo-output demo_output]
 
 `--demo-output` first records a `make demo` run (its `recall.json` and `smollm2.json`, with provenance) as
-`benchmarks/results/demo/`, which the README's demo section quotes.
+`benchmarks/results/demo/`, which docs/benchmarks.md's demo section quotes.
 """
 
 from __future__ import annotations
@@ -92,16 +92,55 @@ def infllm_rows() -> list[dict]:
     return load_records(str(RESULTS / "infllm.jsonl"))
 
 
-# The README's readers: the bare model, the defaults and the recipes it gives for prose and look-alike needles; every
-# other variant is in docs/infllm.md's tables.
+# The readers of docs/infllm.md's headline tables: the bare model, the defaults and the recipes for prose and
+# look-alike needles; every other variant is in its other tables.
 HEADLINE_READERS = ("backbone", "infllm", "infllm-matched-both-ordered-2k", "infllm-matched-only-2k")
 
 
 def infllm_headline() -> str | None:
-    """The README's table: the cells of `HEADLINE_READERS` on the tasks a memory reader has been measured on."""
+    """docs/infllm.md's headline tables: the cells of `HEADLINE_READERS` on the tasks a memory reader has been
+    measured on (the README's one table is `headline`)."""
     rows = [r for r in infllm_rows() if r["reader"] in HEADLINE_READERS]
     measured = {r["task"] for r in rows if r["reader"] != "backbone"}
     return infllm([r for r in rows if r["task"] in measured])
+
+
+# The README's one table: task x (reader, length) cells of the bare model in its context, the defaults and the QA
+# recipe past it (every variant and length: docs/infllm.md)
+HEADLINE_COLUMNS = (
+    ("bare, 4k", "backbone", 4096),
+    ("`infllm`, 32k", "infllm", 32768),
+    ("`infllm`, 128k", "infllm", 131072),
+    ("QA recipe, 32k", "infllm-matched-both-ordered-2k", 32768),
+    ("QA recipe, 128k", "infllm-matched-both-ordered-2k", 131072),
+    ("QA recipe, 1M", "infllm-matched-both-ordered-2k-bf16-int8", 1048576),
+)
+HEADLINE_TASKS = ("niah_single_noise", "passkey_standard", "niah_single", "niah_multikey")
+
+
+def headline() -> str | None:
+    """The README's headline: correct answers / samples and the 95% Wilson interval of each `HEADLINE_COLUMNS` cell
+    (`-`: not measured)."""
+    from hmt_adapters.evaluation.records import cell_table
+
+    table = cell_table(infllm_rows())
+    if not table:
+        return None
+    lines = [
+        "| task | " + " | ".join(c[0] for c in HEADLINE_COLUMNS) + " |",
+        "|---" * (len(HEADLINE_COLUMNS) + 1) + "|",
+    ]
+    for task in HEADLINE_TASKS:
+        cells = []
+        for _, reader, length in HEADLINE_COLUMNS:
+            cell = table.get(task, {}).get(reader, {}).get(length)
+            if cell is None:
+                cells.append("-")
+                continue
+            right = round(cell["accuracy"] * cell["samples"])
+            cells.append(f"{right}/{cell['samples']} [{cell['low']:.2f}, {cell['high']:.2f}]")
+        lines.append(f"| `{task}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def infllm(rows: list[dict] | None = None) -> str | None:
@@ -388,14 +427,14 @@ def model_cards() -> None:
 
 
 def support_matrix() -> str | None:
-    """The family x method matrix of `tests/test_families.py`, as `benchmarks/support_matrix.py` recorded it."""
+    """The family x method matrix of `tests/test_families.py`, as `tools/support_matrix.py` recorded it."""
     data = load("support_matrix")
     if data is None:
         return None
     methods, cells = data["methods"], data["cells"]
     reasons: dict[str, int] = {}
     lines = [
-        f"`python benchmarks/support_matrix.py` (transformers {data['transformers']}, {commit(data)}); every "
+        f"`python tools/support_matrix.py` (transformers {data['transformers']}, {commit(data)}); every "
         "`yes` cell passes `tests/test_families.py`; a numbered cell raises `NotImplementedError` naming the "
         "method, the family and the reason below. *memory reads*: Transformer-XL with memory covering the "
         "document against the bare backbone reading it whole (`exact`: below 1e-5 in fp32; a family takes "
@@ -644,6 +683,7 @@ def infllm_book_passages() -> str | None:
 
 
 SECTIONS = {
+    "headline": headline,
     "infllm-scaling": infllm_scaling,
     "infllm-books": infllm_books,
     "infllm-passages": infllm_book_passages,

@@ -165,6 +165,14 @@ class MemoryConfig:
         return entry.make_config(method, **data)
 
     @classmethod
+    def cover_fields(cls, tokens: int, segment_length: int) -> dict[str, Any]:
+        """The fields that size this method's store to hold `tokens` past tokens read in segments of
+        `segment_length` (the zero-shot readers' `memory='cover'`, `evaluation/zero_shot.py`); none by default: a
+        method without a store size (RMT's memory tokens, Elastic's HiPPO over all history, InfLLM's store of every
+        past token)."""
+        return {}
+
+    @classmethod
     def runtime_switches(cls) -> tuple[str, ...]:
         """Fields that say how this process runs, not what the adapter is (not saved): `RUNTIME_SWITCHES` and the
         method's fields marked `"runtime": True` (e.g. where InfLLM keeps its store)."""

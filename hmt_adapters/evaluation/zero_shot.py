@@ -9,13 +9,11 @@ registration states (`register_method(..., untrained=...)`) and the results reco
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 from torch import nn
 
 from ..config import MemoryConfig
-from ..methods.unimem.config import PRESETS as UNIMEM_PRESETS
 from ..model import MemoryModel, wrap_with_memory
 from ..registry import available_methods, get_method
 from .runner import Reader
@@ -28,8 +26,9 @@ def zero_shot_fields(
     method: str, segment_length: int = SEGMENT_LENGTH, memory: str = "preset", cover: int | None = None
 ) -> dict[str, Any]:
     """Config fields of `method`'s zero-shot reader: `segment_length`, and with `memory='cover'` a store sized to
-    hold `cover` past tokens (K/V methods: `memory_size`; HMT/MELODI: enough cached segments); `'preset'` keeps
-    the method's defaults. Elastic (HiPPO over all history) and RMT have no store size."""
+    hold `cover` past tokens (the method's config says how: `MemoryConfig.cover_fields`; K/V methods size
+    `memory_size`, HMT and MELODI enough cached segments, the rest have no store size); `'preset'` keeps the
+    method's defaults."""
     get_method(method)  # a ValueError naming the registered methods
     if memory not in MEMORY_SIZES:
         raise ValueError(f"Unknown memory size policy {memory!r}; allowed: {list(MEMORY_SIZES)}.")
@@ -38,15 +37,7 @@ def zero_shot_fields(
         return fields
     if cover is None or cover < 1:
         raise ValueError(f"memory='cover' needs `cover` (tokens the store must hold) >= 1, got {cover!r}.")
-    segments = math.ceil(cover / segment_length)
-    if method in UNIMEM_PRESETS:
-        fields["memory_size"] = cover
-        if method == "trams":  # attend to the preset's share of a pool of 8 segments, not half of the whole document
-            fields["select_size"] = 4 * segment_length
-    elif method == "hmt":
-        fields["memory_window"] = max(segments, 300)
-    elif method == "melodi":
-        fields["long_term_windows"] = max(segments, 128)
+    fields.update(get_method(method).config_cls.cover_fields(cover, segment_length))
     return fields
 
 

@@ -39,8 +39,8 @@ from .files import (
     TOKENIZER_CONFIG_NAME,
     TOKENIZER_FILES,
     WEIGHTS_NAME,
-    SavableModel,
 )
+from .savable import SavableModel
 
 logger = logging.getLogger(__name__)
 Model = TypeVar("Model", bound=SavableModel)  # the model class `load_adapter` builds (`MemoryModel`)

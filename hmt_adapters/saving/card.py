@@ -16,7 +16,8 @@ from ..backbones import is_peft
 from ..backbones.pretrained import KNOWN_BASES, base_model_code
 from ..version import __version__
 from .adapter_io import base_metadata, save_adapter
-from .files import CARD_TEMPLATE, SavableModel
+from .files import CARD_TEMPLATE
+from .savable import SavableModel
 
 if TYPE_CHECKING:
     import torch

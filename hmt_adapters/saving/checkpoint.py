@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import SAFE_WEIGHTS_NAME
 
-from .files import SavableModel
+from .savable import SavableModel
 
 MEMORY_PREFIX = "memory."
 TRAINER_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-\d+$")

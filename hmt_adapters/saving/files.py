@@ -1,16 +1,6 @@
-"""Every file name an adapter folder or a saved state uses, the version of the folder format, and what saving reads
-of a model (`SavableModel`)."""
+"""Every file name an adapter folder or a saved state uses, and the version of the folder format."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from ..backbones import BackboneAdapter
-    from ..config import MemoryConfig
 
 # Version of the adapter folder layout and of the metadata in memory_config.json. Files without the key were written
 # by hmt-adapters 0.1.0 (format 0): they load, checked against whatever facts they record. Format 2 guards the folder
@@ -62,29 +52,3 @@ STATE_NAME = "memory_state.safetensors"  # the usual name of a `MemoryState.save
 # safetensors metadata `hmt_adapters_file`: what a weights file holds
 ADAPTER_FILE_KIND = "memory_adapter"
 STATE_FILE_KIND = "memory_state"
-
-
-class SavableModel(Protocol):
-    """What saving, loading, checkpoints and the model card read of a memory model (`MemoryModel` is one), named here
-    so that `saving/` imports nothing above it (peft's `save_and_load` leaves its model untyped for the same reason).
-    """
-
-    base_model_prefix: str  # the backbone's key prefix in the model's state dict
-    tokenizer: Any
-    frozen_for_inference: bool
-    loading_info: dict[str, list[str]]
-
-    @property
-    def method(self) -> str: ...
-    @property
-    def memory(self) -> nn.Module: ...
-    @property
-    def memory_config(self) -> MemoryConfig: ...
-    @property
-    def adapter(self) -> BackboneAdapter: ...
-    @property
-    def backbone(self) -> Any: ...  # any HF causal LM, peft-wrapped or not
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
-    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
-    def train(self, mode: bool = True) -> Any: ...
-    def eval(self) -> Any: ...

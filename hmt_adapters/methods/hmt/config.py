@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...config import MemoryConfig
 
@@ -48,6 +50,11 @@ class HMTConfig(MemoryConfig):
             "choices": QUERY_SOURCES,
         },
     )
+
+    @classmethod
+    def cover_fields(cls, tokens: int, segment_length: int) -> dict[str, Any]:
+        """Enough past memory embeddings retrieval reads for every segment of `tokens` (at least 300)."""
+        return {"memory_window": max(math.ceil(tokens / segment_length), 300)}
 
     def validate(self) -> None:
         super().validate()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...config import MemoryConfig
 
@@ -67,6 +69,11 @@ class MelodiConfig(MemoryConfig):
         default=0.1,
         metadata={"help": "Initial long-term gate alpha, in (0, 1).", "type": float, "min": 0.0, "max": 1.0},
     )
+
+    @classmethod
+    def cover_fields(cls, tokens: int, segment_length: int) -> dict[str, Any]:
+        """Enough windows of long-term K/V kept for every segment of `tokens` (at least 128)."""
+        return {"long_term_windows": max(math.ceil(tokens / segment_length), 128)}
 
     def validate(self) -> None:
         super().validate()

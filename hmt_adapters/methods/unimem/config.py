@@ -188,6 +188,11 @@ class UniMemConfig(MemoryConfig):
 
     __hash__ = None  # type: ignore[assignment]  # mutable dataclass
 
+    @classmethod
+    def cover_fields(cls, tokens: int, segment_length: int) -> dict[str, Any]:
+        """A K/V store of `tokens` past tokens."""
+        return {"memory_size": tokens}
+
     def validate(self) -> None:
         super().validate()
         s = self.settings()
@@ -252,3 +257,8 @@ class TRAMSConfig(UniMemConfig):
     """
 
     preset: str = field(default="trams", metadata={"help": "Method string (preset).", "choices": ("trams",)})
+
+    @classmethod
+    def cover_fields(cls, tokens: int, segment_length: int) -> dict[str, Any]:
+        """The pool holds `tokens`; the preset's share of a pool of 8 segments is attended, not half the document."""
+        return {**super().cover_fields(tokens, segment_length), "select_size": 4 * segment_length}
