@@ -983,13 +983,14 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
     assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
 
 
-def test_the_readme_recipe_for_questions_ships_as_a_folder_that_loads_in_one_line():
+def test_the_recipe_for_questions_ships_as_a_folder_that_loads_in_one_line():
     import ast
     import re
 
     root = Path(__file__).resolve().parents[1]
-    # the `wrap_with_memory(base, "infllm", ...)` call of the README's headline (its recipe for questions)
-    snippet = re.search(r'wrap_with_memory\(\s*base, "infllm",(.*?)\n\)', (root / "README.md").read_text(), re.S)
+    # the `wrap_with_memory(base, "infllm", ...)` call of the headline in full (the README's QA recipe column)
+    page = (root / "docs" / "infllm.md").read_text().split("## The headline in full", 1)[1]
+    snippet = re.search(r'wrap_with_memory\(\s*base, "infllm",(.*?)\n\)', page, re.S)
     assert snippet is not None
     recipe = {k.arg: ast.literal_eval(k.value) for k in ast.parse(f"f({snippet.group(1)})").body[0].value.keywords}
     assert recipe["match_blocks"] == 1 and recipe["topk_blocks"] == 0  # the call the regex found
