@@ -8,6 +8,7 @@ after them, so asking k questions costs one reading of the document plus k short
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ def ask(
     *,
     separator: str = "\n",
     max_new_tokens: int = 32,
+    state_dir: str | os.PathLike | None = None,
+    save_every: int | None = None,
     **generate_kwargs: Any,
 ) -> str | list[str]:
     """The answer (new text, special tokens removed, stripped) to `question`, or a list of answers to a list of
@@ -32,7 +35,9 @@ def ask(
     `tokenizer` defaults to `model.tokenizer` (the one the adapter was loaded or saved with). The context is
     tokenized with the tokenizer's special tokens (BOS where it adds one), each `separator + question` without.
     `generate_kwargs` go to `model.generate` (greedy unless they say otherwise). The prompt is raw text: for a chat
-    model, put its template's words into `context` and `question` yourself.
+    model, put its template's words into `context` and `question` yourself. With `state_dir`, the read survives a
+    restart: the context's state is saved there every `save_every` tokens and at the end, and a call on the same
+    context continues from it (the whole read done: the questions are answered at once; `MemoryModel.step`).
     """
     if not isinstance(model, MemoryModel):
         raise TypeError(
@@ -52,7 +57,8 @@ def ask(
     context_ids = tokenizer(context, add_special_tokens=True)["input_ids"]
     if context_ids:
         with torch.no_grad():
-            _, state = model.step(torch.tensor([context_ids], device=device), return_logits=False)
+            ids = torch.tensor([context_ids], device=device)
+            _, state = model.step(ids, return_logits=False, state_dir=state_dir, save_every=save_every)
     fixed = sorted(
         {"input_ids", "attention_mask", "memory_state", "return_dict_in_generate", "num_return_sequences"}
         & set(generate_kwargs)

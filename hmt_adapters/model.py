@@ -15,6 +15,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.modeling_outputs import BaseModelOutput
 
+from . import resume
 from .attention import use_memory_attention
 from .backbones import get_backbone_adapter, is_peft, unwrap_causal_lm
 from .backbones.wrapping import check_causal_lm
@@ -22,7 +23,7 @@ from .compat import CACHE_KWARG, cache_kwargs, one_cache
 from .config import MemoryConfig
 from .outputs import MemoryCausalLMOutput
 from .registry import available_methods, get_method, method_for_config
-from .runtime import IGNORE_INDEX, SegmentRuntime, resolve_keep_logits, shift_targets
+from .runtime import IGNORE_INDEX, SegmentRuntime, progress, resolve_keep_logits, shift_targets
 from .runtime.generation import MemoryGenerationCache, check_generation_options, padding_handled
 from .runtime.packing import Packing
 from .runtime.stream import read_stream
@@ -297,6 +298,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         with self.runtime.memory_disabled():
             yield
 
+    @contextlib.contextmanager
+    def disable_progress(self) -> Iterator[None]:
+        """No progress bar for this model's reads inside the block (this thread or asyncio task). Elsewhere `step`,
+        `generate` (its prompt) and `ask` show one on a terminal while they read more than a few segments; a pipe,
+        a log file and `transformers.utils.logging.disable_progress_bar()` get none (docs/generation.md,
+        "Progress")."""
+        with progress.quiet(self.runtime):
+            yield
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -364,6 +374,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         return_logits: bool = True,
+        *,
+        state_dir: str | os.PathLike | None = None,
+        save_every: int | None = None,
     ) -> tuple[MemoryCausalLMOutput, MemoryState]:
         """Feed the next chunk of a stream; chunk-by-chunk logits equal one `forward` over the concatenation.
 
@@ -375,8 +388,15 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         incoming state is detached, so gradients flow through the segments of one call and a stream's graph never
         grows past one chunk. `return_logits=False` (as in `forward`) returns no logits and runs the LM head only
         where `labels` need it: reading a long document into memory then costs the backbone's body alone.
+
+        With `state_dir`, a read that survives a restart: the document is read from an empty memory in chunks of
+        `save_every` tokens (whole segments; None: one chunk) and the state saved into the folder after each; called
+        again on the same tokens (after a kill, or to ask more), it continues from the last save (docs/generation.md,
+        "A read that survives a restart"). It keeps no logits and no loss: pass `return_logits=False`.
         """
         ids, mask = self._check_inputs(input_ids, attention_mask)
+        if state_dir is not None or save_every is not None:
+            return self._resumable_step(ids, mask, state, labels, return_logits, state_dir, save_every)
         self._check_trainable(labels)
         if state is None:
             state = self.init_memory(ids.shape[0], ids.device)
@@ -384,13 +404,44 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
         if torch.is_grad_enabled() and self.memory_config.bptt_depth is None:
             state = state.detach()
         checked = None if labels is None else self._check_labels(labels, input_ids)
-        result = read_stream(self.runtime, state, ids, mask, checked, keep_logits=return_logits)
+        with progress.reading(self.runtime, state.pending_length + ids.shape[1], self.memory_config.segment_length):
+            result = read_stream(self.runtime, state, ids, mask, checked, keep_logits=return_logits)
         out = MemoryCausalLMOutput(
             loss=self._loss(result.loss_sum, result.num_tokens, None) if labels is not None else None,
             logits=result.logits,
             memory_state=result.state,
         ).with_num_tokens(result.num_tokens if labels is not None else None)
         return out, result.state
+
+    def _resumable_step(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        state: MemoryState | None,
+        labels: Any,
+        return_logits: bool,
+        state_dir: str | os.PathLike | None,
+        save_every: int | None,
+    ) -> tuple[MemoryCausalLMOutput, MemoryState]:
+        """`step(..., state_dir=...)`: its arguments checked, then `resume.read_resumable`."""
+        if state_dir is None:
+            raise ValueError(f"`save_every={save_every!r}` needs `state_dir`: the folder the reading state goes to.")
+        if save_every is not None and (
+            isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1
+        ):
+            raise ValueError(
+                f"`save_every` must be a number of tokens >= 1 (or None: save at the end), got {save_every!r}."
+            )
+        given = {"state": state is not None, "labels": labels is not None, "return_logits=True": return_logits}
+        if any(given.values()):
+            raise ValueError(
+                f"A read with `state_dir` starts from an empty memory and keeps no logits or loss; got "
+                f"{[name for name, set_ in given.items() if set_]}. Pass `return_logits=False` and no `state` or "
+                "`labels` (to continue a state of your own, call `step` without `state_dir`)."
+            )
+        with torch.no_grad():
+            new_state = resume.read_resumable(self, ids, mask, state_dir, save_every)
+        return MemoryCausalLMOutput(memory_state=new_state), new_state
 
     # ---- Trainer glue ----------------------------------------------------------------------------------------
 
@@ -544,7 +595,9 @@ class MemoryModel(PreTrainedModel, GenerationMixin):
             mask = torch.ones_like(ids)
         else:
             mask = (attention_mask[:, -ids.shape[1] :].to(ids.device) != 0).long()
-        return MemoryCausalLMOutput(logits=cache.read(ids, mask), **cache_kwargs(cache))
+        with progress.reading(self.runtime, ids.shape[1], self.memory_config.segment_length, "Reading the prompt"):
+            logits = cache.read(ids, mask)
+        return MemoryCausalLMOutput(logits=logits, **cache_kwargs(cache))
 
     # ---- adapter I/O -----------------------------------------------------------------------------------------
 

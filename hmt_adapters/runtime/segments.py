@@ -22,6 +22,7 @@ from ..attention import MEMORY_KWARG
 from ..backbones import BackboneAdapter
 from ..method import Layout, MemoryMethod, Segment, State
 from ..state import MemoryState
+from . import progress
 from .offload import ActivationOffload
 
 IGNORE_INDEX = -100
@@ -219,6 +220,7 @@ class SegmentRuntime:
             loss_sum = loss_sum + ce
             num_tokens = num_tokens + count
             closed += int(closes)
+            progress.advance(e - s)
             if logits is not None:
                 logits.add(s, seg_logits)
         new_state = MemoryState(state.method, tensors, state.segments_seen + closed, extras=dict(state.extras))
