@@ -1,8 +1,11 @@
 """Fine-tune a memory adapter on procedurally generated passkey / needle data with a curriculum over length, then
 report accuracy at lengths never trained on.
 
-Each training sample is a suite task (`hmt_adapters.evaluation.tasks`, e.g. `passkey` or `niah_single`) of
-`n_segments * segment_length` tokens with the answer appended; only the answer tokens carry a loss. The curriculum
+Each training sample is a suite task (`hmt_adapters.evaluation.tasks`, e.g. `passkey` or `niah_single`) of exactly
+`n_segments * segment_length` tokens, the question and its answer ending inside the last segment; only the answer
+tokens carry a loss, read against `no_information_nll` (1.90 nats per token for the passkey: the format learned, the
+key not). With a pretrained backbone a first stage of one segment (needle, question and answer in one window)
+checks the layout and the masking: the backbone passes it at once (`--sanity-stage`). The curriculum
 moves to the next segment count once exact accuracy on a fixed batch reaches `--advance-at` (every other batch
 revisits an earlier length, as `hmt_adapters.tasks.recall.train_recall` does). Exact accuracy is teacher-forced
 argmax over the answer tokens, which equals greedy generation's exact match; evaluation streams the prompt with
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
 import random
 import sys
@@ -153,18 +157,47 @@ def eval_depths(samples: int) -> list[float]:
     return [0.5] if samples == 1 else [i / (samples - 1) for i in range(samples)]
 
 
+# How many answers each task draws from (its generator in `hmt_adapters.evaluation.tasks`): the passkey's 5-digit
+# key and the needle's 7-digit value, uniform. A model that knows the format but nothing of the key scores
+# `no_information_nll` on the answer.
+KEY_SPACE = {"passkey": 90_000, "niah_single": 9_000_000}
+
+
+def no_information_nll(task: str, answer_tokens: int) -> float:
+    """Mean NLL per answer token, in nats, of a reader that knows the answer's format and nothing of the key: every
+    key equally likely, the format tokens (the leading space) certain. ln(90,000) / 6 = 1.90 for the passkey's
+    ' 12345' (6 tokens)."""
+    return math.log(KEY_SPACE[task]) / answer_tokens
+
+
 def batch(
     task: str, tokenizer, length: int, size: int, seed: int, haystack: str, depths: list[float] | None = None
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """`size` samples of `length` prompt tokens with the answer appended, labels only on the answer tokens (needles
-    at `depths`, else at random depths); and each sample's needle position in tokens."""
+    """`size` samples of exactly `length` tokens, the prompt then its answer, labels only on the answer tokens
+    (needles at `depths`, else at random depths); and each sample's needle position in tokens.
+
+    The prompt is `length` minus the answer's tokens, so that with a `length` of whole segments the question and its
+    answer end inside the last segment, as in the RMT reference's fine-tuning scripts (a margin for question and
+    answer). Appended to a prompt of whole segments, the answer would open a segment of its own, predicted from a
+    window that holds neither the needle nor the question (docs/training.md, "Long-context recipe")."""
     if depths is not None and len(depths) != size:
         raise ValueError(f"{len(depths)} depths given for {size} samples.")
     rows, labels, positions = [], [], []
+    answer_tokens = None
     for i in range(size):
         depth = {} if depths is None else {"depth": depths[i]}
-        sample = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack, **depth)
-        answer = tokenizer(" " + sample.answers[0], add_special_tokens=False)["input_ids"]
+        for _ in range(3):  # the answer's length, then the sample with room for it (a key of other length: again)
+            if answer_tokens is None:
+                probe = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack, **depth)
+                answer_tokens = len(tokenizer(" " + probe.answers[0], add_special_tokens=False)["input_ids"])
+            prompt = length - answer_tokens
+            sample = TASKS[task](tokenizer, prompt, seed=seed * 100_003 + i, haystack=haystack, **depth)
+            answer = tokenizer(" " + sample.answers[0], add_special_tokens=False)["input_ids"]
+            if len(answer) == answer_tokens:
+                break
+            answer_tokens = len(answer)
+        else:
+            raise ValueError(f"{task} sample {i} (seed {seed}): no prompt leaves room for its answer in {length}.")
         rows.append(sample.input_ids + answer)
         labels.append([IGNORE] * len(sample.input_ids) + answer)
         positions.append(sample.inserts[0].position)
@@ -255,6 +288,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="a first stage at the first level with every needle at this depth ('none': no such stage)",
     )
+    p.add_argument(
+        "--sanity-stage",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a first stage of one segment (needle, question and answer in one window): a pretrained backbone "
+        "passes it at once, which checks the layout and the loss masking (default: on for --model smollm2)",
+    )
     p.add_argument("--eval-size", type=int, default=32, help="fixed batch that decides the curriculum")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--advance-at", type=float, default=0.9)
@@ -333,6 +373,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stages = [(n, None) for n in args.levels]
     if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
         stages.insert(0, (args.levels[0], args.warmup_depth))
+    sanity = args.model != "tiny" if args.sanity_stage is None else args.sanity_stage
+    if sanity:  # all in one window: a pretrained backbone answers from step 0
+        stages.insert(0, (1, None))
     fixed = {
         (n, d): batch(
             args.task,
@@ -345,6 +388,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )[0]
         for n, d in stages
     }
+    answer_tokens = int((next(iter(fixed.values()))["labels"][0] != IGNORE).sum())
+    report["no_information_nll"] = no_information_nll(args.task, answer_tokens)  # what every loss is read against
     history, stage, passed, start, steps_run = report["history"], 0, 0, time.time(), 0
     bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
@@ -373,13 +418,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "segments": level,
                 "depth": depth,
                 "loss": loss.item(),
+                "loss_over_no_information": loss.item() / report["no_information_nll"],
                 "exact": exact,
                 "seconds": time.time() - start,
             }
         )
         save()
         where = "" if depth is None else f" depth {depth}"
-        bar.set_description(f"{args.task} {level} segments{where} exact {exact:.2f}")
+        bar.set_description(
+            f"{args.task} {level} segments{where} exact {exact:.2f} loss {loss.item():.2f} "
+            f"(no information: {report['no_information_nll']:.2f})"
+        )
         passed = passed + 1 if exact >= args.advance_at else 0
         if stage < len(stages) - 1 and passed:
             stage, passed = stage + 1, 0
@@ -414,6 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "trained": n <= stages[stage][0],
             "seconds": time.time() - begin,
             "answer_nll": float(nll.mean()),
+            "no_information_nll": report["no_information_nll"],
             "per_sample": [
                 {"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(n)}
                 for d, p, e, n in zip(depths, positions, exact.tolist(), nll.tolist())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -92,16 +93,34 @@ def test_eval_samples_put_the_needle_at_the_depths_asked():
     tok = tiny_tokenizer()
     length = 16 * SEGMENT
     data, positions = recipe.batch("passkey", tok, length, 5, 3, "repeat", recipe.eval_depths(5))
+    answer = int((data["labels"][0] != recipe.IGNORE).sum())
+    prompt = length - answer
     head = len(tok(PASSKEY_HEAD, add_special_tokens=False)["input_ids"])
     needle = len(tok(" The pass key is 12345. Remember it.", add_special_tokens=False)["input_ids"])
     question = len(tok("\nWhat is the pass key? The pass key is", add_special_tokens=False)["input_ids"])
-    filler = length - head - needle - question
+    filler = prompt - head - needle - question
     sentence = max(len(p) for p in load_haystack("repeat", tok).pieces)
     for depth, position in zip(recipe.eval_depths(5), positions):
         assert abs(position - head - depth * filler) <= sentence
-    assert positions[0] == head and positions[-1] == length - question - needle  # both ends of the haystack
+    assert positions[0] == head and positions[-1] == prompt - question - needle  # both ends of the haystack
     labels = data["labels"]
-    assert (labels[:, :length] == recipe.IGNORE).all() and (labels[:, length:] == data["input_ids"][:, length:]).all()
+    assert (labels[:, :prompt] == recipe.IGNORE).all() and (labels[:, prompt:] == data["input_ids"][:, prompt:]).all()
+
+
+@pytest.mark.parametrize("segments", [5, 6, 9])
+def test_the_question_and_its_answer_end_inside_the_last_segment(segments):
+    """A sample of n whole segments is exactly n segments long: the answer does not open a segment of its own, and
+    the question's last words share the answer's window (the layout the RMT reference keeps)."""
+    tok = tiny_tokenizer()
+    data, _ = recipe.batch("passkey", tok, segments * SEGMENT, 3, 5, "repeat")
+    ids, labels = data["input_ids"], data["labels"]
+    assert ids.shape == (3, segments * SEGMENT)
+    answer = (labels != recipe.IGNORE).nonzero()[:, 1]
+    assert int(answer.min()) >= (segments - 1) * SEGMENT  # every answer token in the last segment
+    question = tok("\nWhat is the pass key? The pass key is", add_special_tokens=False)["input_ids"]
+    start = int(answer.min()) - len(question)
+    assert ids[0, start : int(answer.min())].tolist() == question and start >= (segments - 1) * SEGMENT - len(question)
+    assert recipe.no_information_nll("passkey", 6) == pytest.approx(math.log(90_000) / 6)  # 1.90: ' ' + 5 digits
 
 
 def test_train_batch_size_caps_tokens_per_step():
@@ -214,3 +233,14 @@ def test_eval_chunk_bounds_the_logits_of_a_step():
     assert recipe.eval_chunk(32, 64, 512) == 32 * 64  # the tiny recipe: 32 segments per step, as before
     assert recipe.eval_chunk(32, 256, 49152) == 256  # SmolLM2: one segment (1.6 GB of logits, not 52 GB)
     assert recipe.eval_chunk(4, 256, 49152) == 5 * 256  # 1.0 GB
+
+
+def test_the_sanity_stage_comes_first_and_every_loss_is_read_against_no_information(tmp_path):
+    args = ["--width", "32", "--max-steps", "1", "--eval-every", "1", "--levels", "2", "--eval-segments", "2"]
+    args += ["--segment-length", "160", "--batch-size", "1", "--eval-size", "1", "--eval-samples", "1"]
+    report = recipe.main([*args, "--sanity-stage", "--warmup-depth", "none", "--output", str(tmp_path)])
+    assert report["no_information_nll"] == pytest.approx(math.log(90_000) / 6)
+    (first,) = report["history"]
+    assert first["segments"] == 1  # needle, question and answer in one window
+    assert first["loss_over_no_information"] == pytest.approx(first["loss"] / report["no_information_nll"])
+    assert report["accuracy"]["2"]["no_information_nll"] == report["no_information_nll"]
