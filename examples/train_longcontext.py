@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,18 @@ def load_for_training(base: torch.nn.Module, adapter: str, freeze_backbone: bool
     if not freeze_backbone:  # a tiny backbone trained from scratch trains on
         model.backbone.requires_grad_(True)
     return model
+
+
+def last_checkpoint(folder: str) -> dict[str, Any] | None:
+    """The curriculum position of the last checkpoint in `folder` (None: no run to continue). A kill between the two
+    renames of a checkpoint's swap leaves the previous one as `<folder>.old`: it is the last whole one."""
+    for candidate in (folder, folder + ".old"):
+        if os.path.isfile(os.path.join(candidate, "progress.json")):
+            if candidate != folder:
+                os.rename(candidate, folder)
+            with open(os.path.join(folder, "progress.json")) as fh:
+                return json.load(fh)
+    return None
 
 
 def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
@@ -315,6 +328,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="runs/longcontext")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --output from its last evaluation (adapter, optimizer, curriculum stage, step); "
+        "every evaluation saves them there, so a killed run loses at most --eval-every steps",
+    )
     return p.parse_args(argv)
 
 
@@ -324,9 +343,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)
-    if args.model == "tiny" and args.init_from:  # a previous tiny run's trained backbone and tokenizer
-        base = AutoModelForCausalLM.from_pretrained(os.path.join(args.init_from, "backbone"))
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(args.init_from, "backbone"))
+    checkpoint = os.path.join(args.output, "checkpoint")
+    resumed = last_checkpoint(checkpoint) if args.resume else None
+    previous = checkpoint if resumed is not None else args.init_from
+    if args.model == "tiny" and previous:  # a previous tiny run's trained backbone and tokenizer
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(previous, "backbone"))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(previous, "backbone"))
         freeze = False
     elif args.model == "tiny":
         base, tokenizer = tiny_backbone(args.haystack, args.seed, args.layers, args.width)
@@ -341,7 +363,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seg = args.segment_length
     longest = max(args.levels + args.eval_segments)
-    if args.init_from:  # the saved adapter (its config: method and options), everything trainable again
+    if resumed is not None:  # the last evaluation's adapter (memory and LoRA weights), trainable again
+        model = load_for_training(base, os.path.join(checkpoint, "adapter"), freeze)
+    elif args.init_from:  # the saved adapter (its config: method and options), everything trainable again
         model = load_for_training(base, os.path.join(args.init_from, "adapter"), freeze)
         if model.memory_config.segment_length != seg:
             raise ValueError(
@@ -368,7 +392,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     params = [q for q in model.parameters() if q.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    rng = torch.Generator().manual_seed(args.seed)
+    if resumed is not None:
+        optimizer.load_state_dict(torch.load(os.path.join(checkpoint, "optimizer.pt"), weights_only=True))
+        report["history"] = resumed["history"]
     on = lambda data: {k: v.to(device) for k, v in data.items()}  # noqa: E731
     stages = [(n, None) for n in args.levels]
     if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
@@ -391,11 +417,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     answer_tokens = int((next(iter(fixed.values()))["labels"][0] != IGNORE).sum())
     report["no_information_nll"] = no_information_nll(args.task, answer_tokens)  # what every loss is read against
     history, stage, passed, start, steps_run = report["history"], 0, 0, time.time(), 0
-    bar = tqdm(range(1, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
+    first = 1
+    if resumed is not None:
+        stage, passed, first = resumed["stage"], resumed["passed"], resumed["step"] + 1
+        steps_run = resumed["step"]
+
+    def save_checkpoint(step: int) -> None:
+        """The adapter, optimizer and curriculum position after `step`, written whole or not at all."""
+        staging = checkpoint + ".tmp"
+        model.save_pretrained(os.path.join(staging, "adapter"))
+        if not freeze and args.model == "tiny":  # trained with the memory: kept beside it
+            model.backbone.save_pretrained(os.path.join(staging, "backbone"))
+            tokenizer.save_pretrained(os.path.join(staging, "backbone"))
+        torch.save(optimizer.state_dict(), os.path.join(staging, "optimizer.pt"))
+        with open(os.path.join(staging, "progress.json"), "w") as fh:
+            json.dump({"step": step, "stage": stage, "passed": passed, "history": history}, fh)
+        if os.path.isdir(checkpoint):
+            os.rename(checkpoint, checkpoint + ".old")
+        os.rename(staging, checkpoint)
+        if os.path.isdir(checkpoint + ".old"):
+            shutil.rmtree(checkpoint + ".old")
+
+    bar = tqdm(range(first, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
     for step in bar:
         n, depth = stages[stage]
         if stage and step % 2:  # revisit an earlier length (at random depths)
-            n, depth = stages[int(torch.randint(0, stage, (1,), generator=rng))][0], None
+            pick = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # by step: the same after --resume
+            n, depth = stages[int(torch.randint(0, stage, (1,), generator=pick))][0], None
         size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
         depths = None if depth is None else [depth] * size
         data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, depths)[0]
@@ -434,6 +482,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             stage, passed = stage + 1, 0
         elif passed == 2:
             break
+        save_checkpoint(step)
     bar.close()
     report.update(last_level_trained=stages[stage][0], steps=steps_run, train_seconds=time.time() - start)
     model.save_pretrained(os.path.join(args.output, "adapter"))

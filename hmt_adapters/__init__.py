@@ -4,6 +4,7 @@ from . import compat, methods  # noqa: F401  (methods: registers every method)
 from .ask import ask
 from .auto import AutoMemoryModelForCausalLM
 from .config import MemoryConfig
+from .methods.armt import ARMTConfig
 from .methods.elastic import ElasticMemoryConfig
 from .methods.hmt import HMTConfig
 from .methods.infllm import InfLLMConfig
@@ -17,6 +18,7 @@ from .state import MemoryState
 from .version import __version__
 
 __all__ = [
+    "ARMTConfig",
     "AutoMemoryModelForCausalLM",
     "ElasticMemoryConfig",
     "HMTConfig",

@@ -19,6 +19,7 @@ METHOD_CASES: dict[str, dict] = {
     "elastic": dict(hippo_order=8, memory_tokens=6),
     "melodi": dict(summary_length=4, long_term_length=2, long_term_windows=3),
     "infllm": dict(window=8, sink_tokens=2, block_size=4, topk_blocks=2, representative_keys=2),
+    "armt": dict(key_size=4, read_init_std=0.05),  # a read that starts nonzero: gradients reach every weight at once
 }
 
 # Methods causal between segments but not inside one, and why. The shared causality and streaming tests hold them to

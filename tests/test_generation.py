@@ -74,8 +74,8 @@ def test_decoding_inside_a_segment_extends_its_cache_instead_of_reading_it_again
 @pytest.mark.parametrize("method", list(METHOD_CASES))
 def test_a_decoded_segment_closes_from_what_its_steps_kept_where_the_method_writes_from_that(method, monkeypatch):
     """K/V methods close from their records, HMT, RMT, UniMix and MELODI from their steps' hidden states (MELODI: each
-    layer's token outputs) and records with the write slots or summaries run through the cache; InfLLM reads the
-    segment again (its writes use read notes)."""
+    layer's token outputs) and records with the write slots or summaries run through the cache, ARMT from each
+    layer's outputs its steps kept; InfLLM reads the segment again (its writes use read notes)."""
     model = wrap(method, "llama").eval()
     runs = []
     run = model.runtime.run

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import hmt_adapters as ha
 from hmt_adapters.evaluation import load_haystack
@@ -244,3 +245,21 @@ def test_the_sanity_stage_comes_first_and_every_loss_is_read_against_no_informat
     assert first["segments"] == 1  # needle, question and answer in one window
     assert first["loss_over_no_information"] == pytest.approx(first["loss"] / report["no_information_nll"])
     assert report["accuracy"]["2"]["no_information_nll"] == report["no_information_nll"]
+
+
+def test_a_run_killed_after_an_evaluation_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Every evaluation checkpoints the adapter, the optimizer and the curriculum position; `--resume` continues from
+    there: 2 steps, a kill, 2 more == 4 steps straight (the batches and revisits are chosen by step)."""
+    args = ["--width", "32", "--eval-every", "2", "--levels", "2", "4", "--eval-segments", "2", "--advance-at", "0"]
+    args += ["--batch-size", "2", "--eval-size", "2", "--eval-samples", "1", "--method", "rmt"]
+    args += ["--method-option", "num_memory_tokens=2"]
+    straight = recipe.main([*args, "--max-steps", "4", "--output", str(tmp_path / "straight")])
+    recipe.main([*args, "--max-steps", "2", "--output", str(tmp_path / "killed")])
+    progress = json.loads((tmp_path / "killed" / "checkpoint" / "progress.json").read_text())
+    assert progress["step"] == 2 and len(progress["history"]) == 1
+    resumed = recipe.main([*args, "--max-steps", "4", "--resume", "--output", str(tmp_path / "killed")])
+    assert [h["step"] for h in resumed["history"]] == [h["step"] for h in straight["history"]] == [2, 4]
+    assert [h["loss"] for h in resumed["history"]] == pytest.approx([h["loss"] for h in straight["history"]], abs=1e-6)
+    weights = [load_file(tmp_path / run / "adapter" / "memory_adapter.safetensors") for run in ("straight", "killed")]
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-6, rtol=1e-5)
