@@ -36,7 +36,6 @@ it measured.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import os
@@ -52,6 +51,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 import hmt_adapters as ha
+from hmt_adapters.cli import parse_options
 from hmt_adapters.evaluation import TASKS, tasks
 from hmt_adapters.evaluation.haystack import haystack_text
 from hmt_adapters.training import add_lora
@@ -101,17 +101,8 @@ def recipe_options(method: str, segment_length: int, max_segments: int) -> dict[
 
 def parse_method_options(pairs: list[str]) -> dict[str, Any]:
     """`key=value` strings as keyword arguments; values are Python literals (`8`, `0.5`, `False`, `[1, 2]`) or else
-    kept as strings."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--method-option takes key=value, got {pair!r}.")
-        try:
-            options[key.strip()] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[key.strip()] = value
-    return options
+    kept as strings (the `hmt-adapters` command's `--option`)."""
+    return parse_options(pairs, "--method-option")
 
 
 def build_model(

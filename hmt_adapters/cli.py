@@ -63,13 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options(pairs: Sequence[str]) -> dict[str, Any]:
-    """`key=value` strings as config overrides (values are Python literals, else kept as strings)."""
+def parse_options(pairs: Sequence[str], flag: str = "--option") -> dict[str, Any]:
+    """`key=value` strings as config overrides (values are Python literals: `8`, `0.5`, `False`, `[1, 2]`, else
+    kept as strings); a pair without `=` is a `ValueError` naming `flag`."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise SystemExit(f"hmt-adapters ask: --option takes KEY=VALUE, got {pair!r}.")
+            raise ValueError(f"{flag} takes key=value, got {pair!r}.")
         try:
             out[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -85,7 +86,7 @@ def load(args: argparse.Namespace) -> Any:
     from hmt_adapters.auto import load_base_model, load_base_tokenizer
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    fields = options(args.option)
+    fields = parse_options(args.option)
     if args.method is not None:
         if args.base is None:
             raise SystemExit("hmt-adapters ask: --method needs --base, the model to wrap (e.g. --base smollm2).")
