@@ -230,7 +230,8 @@ def answer_hits(
     state, logits = None, []
     bar = tqdm(total=ids.shape[1], desc=progress, unit="tok", unit_scale=True, leave=False, disable=progress is None)
     for start in range(0, ids.shape[1], chunk):
-        out, state = model.step(ids[:, start : start + chunk], state)
+        with model.disable_progress():  # this loop's own bar counts the prompt
+            out, state = model.step(ids[:, start : start + chunk], state)
         lo, hi = max(start, answer_from - 1), min(start + chunk, ids.shape[1] - 1)
         if lo < hi:
             logits.append(out.logits[:, lo - start : hi - start])
