@@ -91,3 +91,17 @@ def test_no_bar_in_a_pipe_under_disable_progress_or_with_transformers_bars_off(s
         else:
             model.step(ids)
     assert screen.getvalue() == ""
+
+
+def test_a_padded_batch_counts_each_column_once():
+    """Rows that split into closed and open segments at different columns read some columns twice (the closed part,
+    then the open part shifted): the bar ends at the chunk's width, not past it."""
+    model = wrap("hmt", "llama").eval()
+    width = 2 * MIN_SEGMENTS * SEGMENT
+    ids = random_ids(2, width)
+    mask = torch.ones_like(ids)
+    mask[1, : SEGMENT + 1] = 0  # row 1 closes one segment fewer and leaves SEGMENT - 1 tokens open
+    with on(Terminal()) as screen, torch.no_grad():
+        model.step(ids, attention_mask=mask, return_logits=False)
+    done = tqdm.format_sizeof(width)
+    assert screen.getvalue().rstrip().endswith("tok/s]") and f"100%|##########| {done}/{done}" in screen.getvalue()

@@ -44,10 +44,14 @@ def reading(owner: object, tokens: int, segment_length: int, what: str = "Readin
 
 
 def advance(tokens: int) -> None:
-    """`tokens` more read (a no-op outside a bar)."""
+    """`tokens` more read (a no-op outside a bar). A padded batch's rows split into closed and open segments at
+    different columns read some columns twice: the bar stops at its total."""
     bar = _BAR.get()
-    if bar is not None:
-        bar.update(tokens)
+    if bar is None:
+        return
+    total, done = getattr(bar, "total", None), getattr(bar, "n", None)  # transformers' bars off: an empty stand-in
+    left = total - done if isinstance(total, int) and isinstance(done, int) else tokens
+    bar.update(max(0, min(tokens, left)))
 
 
 @contextlib.contextmanager
