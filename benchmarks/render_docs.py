@@ -143,6 +143,42 @@ def headline() -> str | None:
     return "\n".join(lines)
 
 
+def trained_memory() -> str | None:
+    """docs/trained_memory.md's runs: per run and reader (the trained memory, `none`: memory disabled on the same
+    prompts), correct / samples and the 95% Wilson interval at each length."""
+    from hmt_adapters.evaluation.records import wilson_interval
+
+    path = RESULTS / "trained_memory.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    segments = sorted({r["segments"] for r in rows})
+    cells: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for r in rows:
+        cells.setdefault((r["run"], r["method"]), {}).setdefault(r["segments"], []).append(r["score"])
+    first = rows[0]
+    lines = [
+        f"`python benchmarks/trained_memory.py` ({first['task']}, segments of {first['segment_length']} tokens, "
+        f"{first['backbone']}; exact match, correct / samples [95% Wilson interval]):",
+        "",
+        "| run | reader | trained steps | " + " | ".join(f"{n} segments" for n in segments) + " |",
+        "|---" * (len(segments) + 3) + "|",
+    ]
+    steps = {r["run"]: r["trained_steps"] for r in rows}
+    for (run, method), by_length in sorted(cells.items()):
+        out = []
+        for n in segments:
+            scores = by_length.get(n)
+            if not scores:
+                out.append("-")
+                continue
+            low, high = wilson_interval(sum(scores), len(scores))
+            out.append(f"{int(sum(scores))}/{len(scores)} [{low:.2f}, {high:.2f}]")
+        reader = "memory disabled" if method == "none" else f"`{method}`"
+        lines.append(f"| `{run}` | {reader} | {steps[run]} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
 def infllm(rows: list[dict] | None = None) -> str | None:
     """The block-retrieval cells (`benchmarks/infllm.py`): accuracy with sample count and 95% interval per cell."""
     from hmt_adapters.evaluation.records import markdown_tables
@@ -684,6 +720,7 @@ def infllm_book_passages() -> str | None:
 
 SECTIONS = {
     "headline": headline,
+    "trained-memory-runs": trained_memory,
     "infllm-scaling": infllm_scaling,
     "infllm-books": infllm_books,
     "infllm-passages": infllm_book_passages,

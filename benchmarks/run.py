@@ -21,6 +21,10 @@ TASKS = {
         "longcontext_train_tiny.py",
         "collect examples/train_longcontext.py runs: passkey to 1M tokens",
     ),
+    "trained-memory": (
+        "trained_memory.py",
+        "collect train_longcontext.py runs on SmolLM2: exact per sample, memory off",
+    ),
     "infllm": ("infllm.py", "training-free block retrieval on SmolLM2-135M: needles and passkeys, 4k-1M, per sample"),
     "infllm-cost": ("infllm_cost.py", "CPU seconds per 1k tokens and decode speed of InfLLM as the document grows"),
     "infllm-memory": ("infllm_memory.py", "where a long InfLLM read's resident memory goes (RAM, page files)"),

@@ -243,6 +243,22 @@ def answer_hits(
     return logits.argmax(-1) == answer, nll
 
 
+def answer_summary(hits: torch.Tensor, nll: torch.Tensor, depths: list[float], positions: list[int]) -> dict[str, Any]:
+    """Exact match, token accuracy and answer NLL of one evaluation (`answer_hits`' outputs), with each sample's."""
+    exact = hits.all(-1)
+    return {
+        "exact": float(exact.float().mean()),
+        "correct": int(exact.sum()),
+        "samples": len(depths),
+        "answer_token_accuracy": float(hits.float().mean()),
+        "answer_nll": float(nll.mean()),
+        "per_sample": [
+            {"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(x)}
+            for d, p, e, x in zip(depths, positions, exact.tolist(), nll.tolist())
+        ],
+    }
+
+
 def exact_accuracy(model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int) -> float:
     """Share of samples whose whole answer is right."""
     return float(answer_hits(model, data, chunk)[0].all(-1).float().mean())
@@ -301,6 +317,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "passes it at once, which checks the layout and the loss masking (default: on for --model smollm2)",
     )
     p.add_argument("--eval-size", type=int, default=32, help="fixed batch that decides the curriculum")
+    p.add_argument(
+        "--memory-disabled-baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="evaluate every length also with memory disabled (the same prompts, each segment alone)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--advance-at", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=25)
@@ -492,27 +514,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             eval_chunk(args.eval_samples, seg, vocab),
             progress=f"eval {n} segments ({n * seg} tokens)",
         )
-        hits, nll = hits.cpu(), nll.cpu()
-        exact = hits.all(-1)
         report["accuracy"][str(n)] = {
             "segments": n,
             "tokens": n * seg,
-            "exact": float(exact.float().mean()),
-            "correct": int(exact.sum()),
-            "samples": len(depths),
-            "answer_token_accuracy": float(hits.float().mean()),
+            **answer_summary(hits.cpu(), nll.cpu(), depths, positions),
             "trained": n <= stages[stage][0],
             "seconds": time.time() - begin,
-            "answer_nll": float(nll.mean()),
             "no_information_nll": report["no_information_nll"],
-            "per_sample": [
-                {"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(n)}
-                for d, p, e, n in zip(depths, positions, exact.tolist(), nll.tolist())
-            ],
         }
+        if args.memory_disabled_baseline:  # the same backbone and prompts, each segment read alone
+            with model.disable_memory():
+                hits, nll = answer_hits(model, on(data), eval_chunk(args.eval_samples, seg, vocab))
+            report["accuracy"][str(n)]["memory_disabled"] = answer_summary(hits.cpu(), nll.cpu(), depths, positions)
         save()
+        row = report["accuracy"][str(n)]
+        alone = f", memory disabled {row['memory_disabled']['correct']}" if "memory_disabled" in row else ""
         print(
-            f"{n:6d} segments ({n * seg:8d} tokens)  exact {int(exact.sum())}/{len(depths)}"
+            f"{n:6d} segments ({n * seg:8d} tokens)  exact {row['correct']}/{len(depths)}{alone}"
             f"{'' if n <= stages[stage][0] else '  (never trained)'}",
             flush=True,
         )

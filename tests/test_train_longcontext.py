@@ -165,6 +165,8 @@ def test_main_writes_a_report_with_accuracy_per_length_and_depth(tmp_path):
     assert row["samples"] == 3 and not row["trained"] and row["tokens"] == 3 * 64
     assert [s["depth"] for s in row["per_sample"]] == [0.0, 0.5, 1.0]
     assert row["correct"] == sum(s["exact"] for s in row["per_sample"])
+    alone = row["memory_disabled"]  # the same prompts with memory disabled, each segment alone
+    assert alone["samples"] == 3 and len(alone["per_sample"]) == 3 and 0 <= alone["correct"] <= 3
     assert saved["provenance"]["git_commit"]
     # --init-from reloads the trained backbone, tokenizer and adapter: with no further step, the same answers
     again = recipe.main(
