@@ -453,15 +453,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shutil.rmtree(checkpoint + ".old")
 
     bar = tqdm(range(first, args.max_steps + 1), desc=f"{args.task} {args.levels[0]} segments")
+    stage_loss = float("nan")
     for step in bar:
         n, depth = stages[stage]
-        if stage and step % 2:  # revisit an earlier length (at random depths)
+        revisit = bool(stage and step % 2)
+        if revisit:  # an earlier length (at random depths)
             pick = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # by step: the same after --resume
             n, depth = stages[int(torch.randint(0, stage, (1,), generator=pick))][0], None
         size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
         depths = None if depth is None else [depth] * size
         data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, depths)[0]
         loss = model(**on(data)).loss
+        if not revisit:
+            stage_loss = loss.item()  # what the history reports: the current stage's last batch, not a revisit
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -479,8 +483,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "step": step,
                 "segments": level,
                 "depth": depth,
-                "loss": loss.item(),
-                "loss_over_no_information": loss.item() / report["no_information_nll"],
+                "loss": stage_loss,
+                "loss_over_no_information": stage_loss / report["no_information_nll"],
                 "exact": exact,
                 "seconds": time.time() - start,
             }
@@ -488,7 +492,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         save()
         where = "" if depth is None else f" depth {depth}"
         bar.set_description(
-            f"{args.task} {level} segments{where} exact {exact:.2f} loss {loss.item():.2f} "
+            f"{args.task} {level} segments{where} exact {exact:.2f} loss {stage_loss:.2f} "
             f"(no information: {report['no_information_nll']:.2f})"
         )
         passed = passed + 1 if exact >= args.advance_at else 0
