@@ -456,10 +456,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stage_loss = float("nan")
     for step in bar:
         n, depth = stages[stage]
-        revisit = bool(stage and step % 2)
+        earliest = 1 if sanity else 0  # the one-segment sanity stage is a check, not a length to keep training
+        revisit = bool(stage > earliest and step % 2)
         if revisit:  # an earlier length (at random depths)
             pick = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # by step: the same after --resume
-            n, depth = stages[int(torch.randint(0, stage, (1,), generator=pick))][0], None
+            n, depth = stages[int(torch.randint(earliest, stage, (1,), generator=pick))][0], None
         size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
         depths = None if depth is None else [depth] * size
         data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, depths)[0]
