@@ -55,10 +55,15 @@ def advance(tokens: int) -> None:
 
 
 @contextlib.contextmanager
-def quiet(owner: object) -> Iterator[None]:
-    """No bar for reads of `owner` inside the block (this thread / task)."""
-    token = _QUIET.set(_QUIET.get() | {id(owner)})
+def marked(owners: contextvars.ContextVar[frozenset[int]], owner: object) -> Iterator[None]:
+    """`owner` in the set `owners` holds inside the block (this thread / task): a per-object switch."""
+    token = owners.set(owners.get() | {id(owner)})
     try:
         yield
     finally:
-        _QUIET.reset(token)
+        owners.reset(token)
+
+
+def quiet(owner: object) -> contextlib.AbstractContextManager[None]:
+    """No bar for reads of `owner` inside the block (this thread / task)."""
+    return marked(_QUIET, owner)

@@ -142,11 +142,8 @@ class SegmentRuntime:
     @contextlib.contextmanager
     def memory_disabled(self) -> Iterator[None]:
         """Every segment read inside runs the backbone alone (no memory read, none written), in this thread only."""
-        token = _MEMORY_OFF.set(_MEMORY_OFF.get() | {id(self)})
-        try:
+        with progress.marked(_MEMORY_OFF, self):
             yield
-        finally:
-            _MEMORY_OFF.reset(token)
 
     @property
     def config(self):
