@@ -7,7 +7,9 @@ tokens carry a loss, read against `no_information_nll` (1.90 nats per token for 
 key not). With a pretrained backbone a first stage of one segment (needle, question and answer in one window)
 checks the layout and the masking: the backbone passes it at once (`--sanity-stage`). The curriculum
 moves to the next segment count once exact accuracy on a fixed batch reaches `--advance-at` (every other batch
-revisits an earlier length, as `hmt_adapters.tasks.recall.train_recall` does). Exact accuracy is teacher-forced
+revisits an earlier length, as `hmt_adapters.tasks.recall.train_recall` does). With a pretrained backbone the
+optimizer follows the RMT/ARMT fine-tuning scripts: a linear warm-up over 10% of the steps, gradients clipped at 1.0,
+and `--batch-size` samples per step, accumulated over micro-batches of at most `--batch-tokens` tokens. Exact accuracy is teacher-forced
 argmax over the answer tokens, which equals greedy generation's exact match; evaluation streams the prompt with
 `MemoryModel.step`, so memory use is flat in the length. Each evaluated length has `--eval-samples` samples whose
 needles sit at depths evenly spread from the start (0) to the end (1) of the haystack.
@@ -30,7 +32,7 @@ and `--method-option key=value` (repeatable) sets any config field of the method
 Writes the adapter to `<output>/adapter` once training ends (for `--model tiny` also the trained backbone and its
 tokenizer to `<output>/backbone`; `--init-from <output>` continues from them) and `<output>/report.json`
 (provenance, arguments, curriculum history, accuracy per length) after every evaluation, so a cut-off run keeps what
-it measured.
+it measured, with the learning curves of that history in `<output>/curves.png`.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from hmt_adapters.evaluation.haystack import haystack_text
 from hmt_adapters.training import add_lora
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from common import provenance, train_bpe  # noqa: E402  (the run record and tokenizer every benchmark uses)
+from common import provenance, pyplot, train_bpe  # noqa: E402  (the run record, plots and tokenizer of the lab)
 
 IGNORE = -100
 
@@ -148,6 +150,43 @@ def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
     """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at
     least 1)."""
     return max(1, min(batch_size, batch_tokens // length))
+
+
+def micro_batches(batch_size: int, batch_tokens: int, length: int, accumulate: bool) -> list[int]:
+    """The samples of each forward pass in one optimizer step: one batch of `train_batch_size`, or with `accumulate`
+    as many such micro-batches as make `batch_size` samples (the last one smaller where it does not divide)."""
+    micro = train_batch_size(batch_size, batch_tokens, length)
+    if not accumulate:
+        return [micro]
+    sizes = [micro] * (batch_size // micro)
+    return sizes + ([batch_size % micro] if batch_size % micro else [])
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The learning rate's share at optimizer step `step` (1-based): linear from 1/warmup_steps to 1, then 1. A
+    function of the step alone, so `--resume` continues it without a scheduler state."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, step / warmup_steps)
+
+
+def plot_curves(history: list[dict[str, Any]], no_information: float, path: str) -> None:
+    """The learning curves of `history` as a PNG: exact match on the fixed batch and the stage's loss over the
+    no-information loss, against the step, one colour per curriculum level."""
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    for level in sorted({h["segments"] for h in history}):
+        rows = [h for h in history if h["segments"] == level]
+        steps = [h["step"] for h in rows]
+        top.plot(steps, [h["exact"] for h in rows], "o-", ms=3, label=f"{level} segments")
+        bottom.plot(steps, [h["loss"] / no_information for h in rows], "o-", ms=3)
+    top.set_ylabel("exact match (fixed batch)")
+    top.set_ylim(-0.05, 1.05)
+    top.legend(fontsize=8)
+    bottom.axhline(1.0, color="grey", lw=0.8, ls="--")
+    bottom.set_ylabel(f"answer loss / {no_information:.2f}")
+    bottom.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def depth_or_none(text: str) -> float | None:
@@ -324,6 +363,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="evaluate every length also with memory disabled (the same prompts, each segment alone)",
     )
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="linear learning-rate warm-up over the first this many steps (default: 10%% of --max-steps for "
+        "--model smollm2, as the RMT/ARMT fine-tuning scripts; 0 for --model tiny)",
+    )
+    p.add_argument(
+        "--accumulate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every optimizer step sees --batch-size samples: where --batch-tokens allows fewer per forward, the "
+        "gradients of several micro-batches are summed, as the anchors reach batch 32-64 (default: on for "
+        "--model smollm2; off for --model tiny, whose batch shrinks at long levels instead)",
+    )
     p.add_argument("--advance-at", type=float, default=0.9)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
@@ -414,6 +468,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
         stages.insert(0, (args.levels[0], args.warmup_depth))
     sanity = args.model != "tiny" if args.sanity_stage is None else args.sanity_stage
+    accumulate = args.model != "tiny" if args.accumulate is None else args.accumulate
+    if args.warmup_steps is None:
+        args.warmup_steps = 0 if args.model == "tiny" else args.max_steps // 10
     if sanity:  # all in one window: a pretrained backbone answers from step 0
         stages.insert(0, (1, None))
     fixed = {
@@ -461,15 +518,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if revisit:  # an earlier length (at random depths)
             pick = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # by step: the same after --resume
             n, depth = stages[int(torch.randint(earliest, stage, (1,), generator=pick))][0], None
-        size = train_batch_size(args.batch_size, args.batch_tokens, n * seg)
-        depths = None if depth is None else [depth] * size
-        data = batch(args.task, tokenizer, n * seg, size, step, args.haystack, depths)[0]
-        loss = model(**on(data)).loss
-        if not revisit:
-            stage_loss = loss.item()  # what the history reports: the current stage's last batch, not a revisit
+        sizes = micro_batches(args.batch_size, args.batch_tokens, n * seg, accumulate)
+        depths = None if depth is None else [depth] * sum(sizes)
+        data = batch(args.task, tokenizer, n * seg, sum(sizes), step, args.haystack, depths)[0]
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for part in zip(*(value.split(sizes) for value in data.values())):
+            loss = model(**on(dict(zip(data, part)))).loss * (len(part[0]) / sum(sizes))
+            loss.backward()  # the mean over the step's samples (every answer has as many tokens)
+            total += loss.item()
+        if not revisit:
+            stage_loss = total  # what the history reports: the current stage's last batch, not a revisit
         torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * warmup_factor(step, args.warmup_steps)
         optimizer.step()
         steps_run = step
         if args.max_minutes is not None and time.time() - start >= 60 * args.max_minutes:
@@ -491,6 +553,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
         )
         save()
+        plot_curves(history, report["no_information_nll"], os.path.join(args.output, "curves.png"))
         where = "" if depth is None else f" depth {depth}"
         bar.set_description(
             f"{args.task} {level} segments{where} exact {exact:.2f} loss {stage_loss:.2f} "

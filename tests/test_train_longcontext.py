@@ -265,3 +265,45 @@ def test_a_run_killed_after_an_evaluation_resumes_to_the_uninterrupted_weights(t
     weights = [load_file(tmp_path / run / "adapter" / "memory_adapter.safetensors") for run in ("straight", "killed")]
     for key in weights[0]:
         torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-6, rtol=1e-5)
+
+
+def test_accumulation_fills_the_batch_with_micro_batches_of_at_most_batch_tokens():
+    assert recipe.micro_batches(32, 4096, 1024, accumulate=False) == [4]  # the tiny recipe: the batch shrinks
+    assert recipe.micro_batches(32, 4096, 1024, accumulate=True) == [4] * 8  # the anchors' batch of 32
+    assert recipe.micro_batches(10, 4096, 1024, accumulate=True) == [4, 4, 2]
+    assert recipe.micro_batches(4, 4096, 256, accumulate=True) == [4]
+
+
+def test_warmup_rises_linearly_then_holds():
+    assert [recipe.warmup_factor(s, 4) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
+    assert recipe.warmup_factor(1, 0) == 1.0
+
+
+def test_an_accumulated_step_equals_one_step_on_the_whole_batch(tmp_path):
+    """Two micro-batches of 2 (`--batch-tokens` allows 2 samples per forward) give the weights of one batch of 4."""
+    args = ["--width", "32", "--max-steps", "1", "--eval-every", "1", "--levels", "2", "--eval-segments", "2"]
+    args += ["--batch-size", "4", "--eval-size", "1", "--eval-samples", "1", "--method", "rmt", "--lr", "1e-2"]
+    args += ["--method-option", "num_memory_tokens=2", "--no-memory-disabled-baseline"]
+    whole = recipe.main([*args, "--batch-tokens", "512", "--output", str(tmp_path / "whole")])
+    parts = recipe.main([*args, "--batch-tokens", "256", "--accumulate", "--output", str(tmp_path / "parts")])
+    assert parts["history"][0]["loss"] == pytest.approx(whole["history"][0]["loss"], abs=1e-5)
+    weights = [load_file(tmp_path / run / "adapter" / "memory_adapter.safetensors") for run in ("whole", "parts")]
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-5, rtol=1e-4)
+    assert (tmp_path / "parts" / "curves.png").stat().st_size > 0  # the learning curves beside the report
+
+
+def test_warmup_scales_the_first_steps_learning_rate(tmp_path):
+    """With --warmup-steps 2 the first step moves the weights half as far as without (Adam's first step is lr-sized)."""
+    args = ["--width", "32", "--max-steps", "1", "--eval-every", "1", "--levels", "2", "--eval-segments", "2"]
+    args += ["--batch-size", "2", "--eval-size", "1", "--eval-samples", "1", "--method", "rmt", "--lr", "1e-2"]
+    args += ["--method-option", "num_memory_tokens=2", "--no-memory-disabled-baseline", "--init-from"]
+    init = tmp_path / "init"
+    recipe.main([*args[:-1], "--max-steps", "0", "--output", str(init)])
+    start = load_file(init / "adapter" / "memory_adapter.safetensors")
+    moved = {}
+    for warmup in ("0", "2"):
+        recipe.main([*args, str(init), "--warmup-steps", warmup, "--output", str(tmp_path / warmup)])
+        after = load_file(tmp_path / warmup / "adapter" / "memory_adapter.safetensors")
+        moved[warmup] = max(float((after[k] - start[k]).abs().max()) for k in start)
+    assert moved["2"] == pytest.approx(moved["0"] / 2, rel=0.05)
