@@ -4,15 +4,15 @@ report accuracy at lengths never trained on.
 Each training sample is a suite task (`hmt_adapters.evaluation.tasks`, e.g. `passkey` or `niah_single`) of exactly
 `n_segments * segment_length` tokens, the question and its answer ending inside the last segment; only the answer
 tokens carry a loss, read against `no_information_nll` (1.90 nats per token for the passkey: the format learned, the
-key not). With a pretrained backbone a first stage of one segment (needle, question and answer in one window)
-checks the layout and the masking: the backbone passes it at once (`--sanity-stage`). The curriculum
-moves to the next segment count once exact accuracy on a fixed batch reaches `--advance-at` (every other batch
-revisits an earlier length, as `hmt_adapters.tasks.recall.train_recall` does). With a pretrained backbone the
-optimizer follows the RMT/ARMT fine-tuning scripts: a linear warm-up over 10% of the steps, gradients clipped at 1.0,
-and `--batch-size` samples per step, accumulated over micro-batches of at most `--batch-tokens` tokens. Exact accuracy is teacher-forced
-argmax over the answer tokens, which equals greedy generation's exact match; evaluation streams the prompt with
-`MemoryModel.step`, so memory use is flat in the length. Each evaluated length has `--eval-samples` samples whose
-needles sit at depths evenly spread from the start (0) to the end (1) of the haystack.
+key not). With a pretrained backbone a first stage of one segment (needle, question and answer in one window) checks
+the layout and the masking: the backbone passes it at once (`--sanity-stage`). The curriculum moves to the next segment
+count once exact accuracy on a fixed batch reaches `--advance-at` (every other batch revisits an earlier length, as
+`hmt_adapters.tasks.recall.train_recall` does). With a pretrained backbone the optimizer follows the RMT/ARMT
+fine-tuning scripts: a linear warm-up over 10% of the steps, gradients clipped at 1.0, and `--batch-size` samples per
+step, accumulated over micro-batches of at most `--batch-tokens` tokens. Exact accuracy is teacher-forced argmax over
+the answer tokens, which equals greedy generation's exact match; evaluation streams the prompt with `MemoryModel.step`,
+so memory use is flat in the length. Each evaluated length has `--eval-samples` samples whose needles sit at depths
+evenly spread from the start (0) to the end (1) of the haystack.
 
 `--method` is any registered method; the recipe sets a few of its options for the segment length (`recipe_options`)
 and `--method-option key=value` (repeatable) sets any config field of the method.

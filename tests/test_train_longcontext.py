@@ -294,7 +294,8 @@ def test_an_accumulated_step_equals_one_step_on_the_whole_batch(tmp_path):
 
 
 def test_warmup_scales_the_first_steps_learning_rate(tmp_path):
-    """With --warmup-steps 2 the first step moves the weights half as far as without (Adam's first step is lr-sized)."""
+    """With --warmup-steps 2 the first step moves the weights half as far as without (Adam's first step is
+    lr-sized)."""
     args = ["--width", "32", "--max-steps", "1", "--eval-every", "1", "--levels", "2", "--eval-segments", "2"]
     args += ["--batch-size", "2", "--eval-size", "1", "--eval-samples", "1", "--method", "rmt", "--lr", "1e-2"]
     args += ["--method-option", "num_memory_tokens=2", "--no-memory-disabled-baseline", "--init-from"]
