@@ -9,7 +9,7 @@ from .base import BackboneAdapter, RecurrentAdapter, positions_from_mask, unwrap
 from .gpt2 import GPT2Adapter
 from .mamba import MambaAdapter
 from .opt import OPTAdapter
-from .pretrained import smollm2
+from .pretrained import smollm2, smollm2_folder
 from .rwkv import RwkvAdapter
 from .wrapping import is_peft
 
@@ -44,5 +44,6 @@ __all__ = [
     "is_peft",
     "positions_from_mask",
     "smollm2",
+    "smollm2_folder",
     "unwrap_causal_lm",
 ]

