@@ -92,3 +92,19 @@ def test_registered_model_type_wraps_a_method_with_its_fields(tmp_path):
         MemoryLM(str(tmp_path), method="rmt", adapter=str(tmp_path))
     with pytest.raises(ValueError, match="already a MemoryModel"):
         MemoryLM(direct, tokenizer=tok, method="rmt")
+
+
+def test_converted_folders_lose_the_gguf_quantization_config(tmp_path):
+    """A folder converted before the fix keeps `quantization_config` (GGUF) over dequantised weights; reading it as
+    the SmolLM2 folder removes that key and keeps every other field."""
+    import json
+
+    from hmt_adapters.backbones.pretrained import _drop_quantization_config
+
+    config = {"model_type": "llama", "hidden_size": 576, "quantization_config": {"quant_method": "gguf"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _drop_quantization_config(str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama", "hidden_size": 576}
+    assert sorted(os.listdir(tmp_path)) == ["config.json"]  # the temporary file was renamed into place
+    _drop_quantization_config(str(tmp_path))  # nothing to drop: unchanged
+    assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama", "hidden_size": 576}
