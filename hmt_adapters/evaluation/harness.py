@@ -61,11 +61,11 @@ class MemoryLM(HFLM):
         self,
         pretrained: MemoryModel | str,
         adapter: str | None = None,
-        method: str | None = None,
         memory: bool = True,
         tokenizer: Any = None,
         max_length: int | None = None,
         device: str | None = None,
+        method: str | None = None,  # after the earlier parameters: their positions are as before
         **kwargs: Any,
     ):
         own = set(inspect.signature(HFLM.__init__).parameters)
