@@ -125,6 +125,14 @@ def build_model(
     return ha.wrap_with_memory(base, method, segment_length=segment_length, freeze_backbone=freeze_backbone, **kwargs)
 
 
+def reader_baseline(method: str) -> ha.MemoryModel:
+    """`method` at its defaults on a fresh copy of the pretrained SmolLM2 as it loads (no LoRA, nothing trained):
+    what a user reads the same prompts with without training."""
+    from hmt_adapters.backbones import smollm2
+
+    return ha.wrap_with_memory(smollm2()[0], method).eval()
+
+
 def load_for_training(base: torch.nn.Module, adapter: str, freeze_backbone: bool) -> ha.MemoryModel:
     """A saved adapter on `base`, ready to train on: memory and LoRA (peft) weights trainable, the backbone's own
     weights trainable unless `freeze_backbone`."""
@@ -189,8 +197,21 @@ def plot_curves(history: list[dict[str, Any]], no_information: float, path: str)
     plt.close(fig)
 
 
-def depth_or_none(text: str) -> float | None:
-    return None if text.lower() == "none" else float(text)
+def depth_or_none(text: str) -> float | str | None:
+    """`--warmup-depth`'s value: a depth, `none` (no such stage) or `auto` (0.0 for a needle task, none else)."""
+    return text.lower() if text.lower() in ("none", "auto") else float(text)
+
+
+def warmup_depth(task: str, asked: float | str | None) -> float | None:
+    """The first stage's needle depth for `task`: `auto` is 0.0 for a needle task and no stage for a bAbI story
+    (its facts have no one depth); a depth asked for a story is an error, not dropped."""
+    if asked in ("none", None):
+        return None
+    if task not in NEEDLE_TASKS:
+        if asked == "auto":
+            return None
+        raise ValueError(f"--warmup-depth {asked} needs a needle task ({list(NEEDLE_TASKS)}); {task} has none.")
+    return 0.0 if asked == "auto" else float(asked)
 
 
 def eval_depths(samples: int) -> list[float]:
@@ -201,15 +222,17 @@ def eval_depths(samples: int) -> list[float]:
 
 
 # How many answers each task draws from (its generator in `hmt_adapters.evaluation.tasks`): the passkey's 5-digit
-# key and the needle's 7-digit value, uniform. A model that knows the format but nothing of the key scores
-# `no_information_nll` on the answer.
-KEY_SPACE = {"passkey": 90_000, "niah_single": 9_000_000}
+# key and the needle's 7-digit value, uniform; a bAbI answer is one of the six locations. A model that knows the
+# format but nothing of the key scores `no_information_nll` on the answer.
+KEY_SPACE = {"passkey": 90_000, "niah_single": 9_000_000, **{f"qa{k}": len(tasks.LOCATIONS) for k in (1, 2, 3)}}
+NEEDLE_TASKS = ("passkey", "niah_single")  # one needle, placed at a depth asked for
 
 
-def no_information_nll(task: str, answer_tokens: int) -> float:
+def no_information_nll(task: str, answer_tokens: float) -> float:
     """Mean NLL per answer token, in nats, of a reader that knows the answer's format and nothing of the key: every
     key equally likely, the format tokens (the leading space) certain. ln(90,000) / 6 = 1.90 for the passkey's
-    ' 12345' (6 tokens)."""
+    ' 12345' (6 tokens); for answers of unequal length (a bAbI location is 1 or 2 tokens) `answer_tokens` is their
+    mean, as the training loss is the mean over every answer token of the batch."""
     return math.log(KEY_SPACE[task]) / answer_tokens
 
 
@@ -217,12 +240,16 @@ def batch(
     task: str, tokenizer, length: int, size: int, seed: int, haystack: str, depths: list[float] | None = None
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
     """`size` samples of exactly `length` tokens, the prompt then its answer, labels only on the answer tokens
-    (needles at `depths`, else at random depths); and each sample's needle position in tokens.
+    (needles at `depths`, else at random depths); and each sample's evidence position in tokens: the needle's, or for
+    a bAbI story its earliest supporting fact's (what the answer depends on that lies furthest back).
 
     The prompt is `length` minus the answer's tokens, so that with a `length` of whole segments the question and its
     answer end inside the last segment, as in the RMT reference's fine-tuning scripts (a margin for question and
     answer). Appended to a prompt of whole segments, the answer would open a segment of its own, predicted from a
-    window that holds neither the needle nor the question (docs/training.md, "Long-context recipe")."""
+    window that holds neither the needle nor the question (docs/training.md, "Long-context recipe"). Answers may
+    differ in length between samples (a bAbI location of 1 or 2 tokens): each prompt then leaves room for its own."""
+    if depths is not None and task not in NEEDLE_TASKS:
+        raise ValueError(f"{task} places its facts at random depths; depths are for {list(NEEDLE_TASKS)}.")
     if depths is not None and len(depths) != size:
         raise ValueError(f"{len(depths)} depths given for {size} samples.")
     rows, labels, positions = [], [], []
@@ -243,7 +270,8 @@ def batch(
             raise ValueError(f"{task} sample {i} (seed {seed}): no prompt leaves room for its answer in {length}.")
         rows.append(sample.input_ids + answer)
         labels.append([IGNORE] * len(sample.input_ids) + answer)
-        positions.append(sample.inserts[0].position)
+        support = sample.extra.get("supporting_facts", [0])
+        positions.append(min(sample.inserts[j].position for j in support))
     return {"input_ids": torch.tensor(rows), "labels": torch.tensor(labels)}, positions
 
 
@@ -258,38 +286,43 @@ def eval_chunk(batch_size: int, segment_length: int, vocab_size: int, logits_byt
 @torch.no_grad()
 def answer_hits(
     model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int, progress: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced argmax == answer per sample and answer token (`[batch, answer tokens]`), and each sample's
-    answer NLL in nats per token (`[batch]`); the prompt streamed `chunk` tokens at a time (a token progress bar
-    titled `progress` if given)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forced argmax == answer per sample and answer token (`hits`, `[batch, longest answer]`), which of
+    those are answer tokens (`mask`: answers may differ in length; `hits` is True where `mask` is False), and each
+    sample's answer NLL in nats per token (`[batch]`); the prompt streamed `chunk` tokens at a time (a token progress
+    bar titled `progress` if given)."""
     was = model.training
     model.eval()
     ids, labels = data["input_ids"], data["labels"]
-    answer_from = int((labels[0] != IGNORE).nonzero()[0])  # same prompt length in a batch
+    answer = labels != IGNORE  # every answer ends the row
+    earliest = int(answer.float().argmax(-1).min())
     state, logits = None, []
     bar = tqdm(total=ids.shape[1], desc=progress, unit="tok", unit_scale=True, leave=False, disable=progress is None)
     for start in range(0, ids.shape[1], chunk):
         with model.disable_progress():  # this loop's own bar counts the prompt
             out, state = model.step(ids[:, start : start + chunk], state)
-        lo, hi = max(start, answer_from - 1), min(start + chunk, ids.shape[1] - 1)
+        lo, hi = max(start, earliest - 1), min(start + chunk, ids.shape[1] - 1)
         if lo < hi:
             logits.append(out.logits[:, lo - start : hi - start])
         bar.update(min(chunk, ids.shape[1] - start))
     bar.close()
     model.train(was)
-    logits, answer = torch.cat(logits, dim=1).float(), ids[:, answer_from:]
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), answer, reduction="none").mean(-1)
-    return logits.argmax(-1) == answer, nll
+    logits, target, mask = torch.cat(logits, dim=1).float(), ids[:, earliest:], answer[:, earliest:]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    nll = (nll * mask).sum(-1) / mask.sum(-1)
+    return (logits.argmax(-1) == target) | ~mask, mask, nll
 
 
-def answer_summary(hits: torch.Tensor, nll: torch.Tensor, depths: list[float], positions: list[int]) -> dict[str, Any]:
+def answer_summary(
+    hits: torch.Tensor, mask: torch.Tensor, nll: torch.Tensor, depths: list[float | None], positions: list[int]
+) -> dict[str, Any]:
     """Exact match, token accuracy and answer NLL of one evaluation (`answer_hits`' outputs), with each sample's."""
     exact = hits.all(-1)
     return {
         "exact": float(exact.float().mean()),
         "correct": int(exact.sum()),
-        "samples": len(depths),
-        "answer_token_accuracy": float(hits.float().mean()),
+        "samples": len(positions),
+        "answer_token_accuracy": float(hits[mask].float().mean()),
         "answer_nll": float(nll.mean()),
         "per_sample": [
             {"depth": d, "needle_position": p, "exact": bool(e), "answer_nll": float(x)}
@@ -316,7 +349,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a config field of the method (repeatable), e.g. num_memory_tokens=16 or detach_memory=False",
     )
-    p.add_argument("--task", default="passkey", choices=["passkey", "niah_single"])
+    p.add_argument("--task", default="passkey", choices=sorted(KEY_SPACE))
     p.add_argument("--haystack", default="repeat", choices=["repeat", "essays", "kjv"])
     p.add_argument("--segment-length", type=int, default=64)
     p.add_argument("--levels", type=int, nargs="+", default=[2, 4, 8, 16], help="curriculum: segments per sample")
@@ -345,8 +378,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--warmup-depth",
         type=depth_or_none,
-        default=0.0,
-        help="a first stage at the first level with every needle at this depth ('none': no such stage)",
+        default="auto",
+        help="a first stage at the first level with every needle at this depth ('none': no such stage; 'auto', "
+        "the default: 0.0 for passkey and niah_single, none for the bAbI tasks)",
     )
     p.add_argument(
         "--sanity-stage",
@@ -382,6 +416,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--lora", action="store_true", help="also train LoRA on a pretrained backbone")
     p.add_argument(
+        "--reader-baseline",
+        nargs="*",
+        default=[],
+        choices=ha.available_methods(),
+        metavar="METHOD",
+        help="also evaluate every length with the untrained pretrained backbone wrapped with these methods at "
+        "their defaults (a training-free reader, e.g. infllm), on the same prompts (--model smollm2)",
+    )
+    p.add_argument(
         "--train-backbone",
         action="store_true",
         help="pretrained backbone: train all its weights too (full fine-tuning; the fine-tuned backbone is "
@@ -408,6 +451,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     options = parse_method_options(args.method_option)
+    if args.reader_baseline and args.model == "tiny":
+        raise ValueError("--reader-baseline reads with the pretrained backbone; --model tiny is trained from scratch.")
     if args.threads:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -465,8 +510,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["history"] = resumed["history"]
     on = lambda data: {k: v.to(device) for k, v in data.items()}  # noqa: E731
     stages = [(n, None) for n in args.levels]
-    if args.warmup_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
-        stages.insert(0, (args.levels[0], args.warmup_depth))
+    first_depth = warmup_depth(args.task, args.warmup_depth)
+    if first_depth is not None:  # first the needle at one depth (a fixed position, as in the recall task)
+        stages.insert(0, (args.levels[0], first_depth))
     sanity = args.model != "tiny" if args.sanity_stage is None else args.sanity_stage
     accumulate = args.model != "tiny" if args.accumulate is None else args.accumulate
     if args.warmup_steps is None:
@@ -485,7 +531,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )[0]
         for n, d in stages
     }
-    answer_tokens = int((next(iter(fixed.values()))["labels"][0] != IGNORE).sum())
+    answer_tokens = float((next(iter(fixed.values()))["labels"] != IGNORE).sum(-1).float().mean())
     report["no_information_nll"] = no_information_nll(args.task, answer_tokens)  # what every loss is read against
     history, stage, passed, start, steps_run = report["history"], 0, 0, time.time(), 0
     first = 1
@@ -572,33 +618,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
         tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
     save()
-    depths = eval_depths(args.eval_samples)
+    depths = eval_depths(args.eval_samples) if args.task in NEEDLE_TASKS else None
+    readers = {name: reader_baseline(name) for name in args.reader_baseline}
     for n in sorted(set(args.levels + args.eval_segments)):
         begin = time.time()
         data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
-        hits, nll = answer_hits(
-            model,
-            on(data),
-            eval_chunk(args.eval_samples, seg, vocab),
-            progress=f"eval {n} segments ({n * seg} tokens)",
-        )
+        listed = depths or [None] * args.eval_samples
+        chunk = eval_chunk(args.eval_samples, seg, vocab)
+        hits = answer_hits(model, on(data), chunk, progress=f"eval {n} segments ({n * seg} tokens)")
         report["accuracy"][str(n)] = {
             "segments": n,
             "tokens": n * seg,
-            **answer_summary(hits.cpu(), nll.cpu(), depths, positions),
+            **answer_summary(*(h.cpu() for h in hits), listed, positions),
             "trained": n <= stages[stage][0],
             "seconds": time.time() - begin,
             "no_information_nll": report["no_information_nll"],
         }
         if args.memory_disabled_baseline:  # the same backbone and prompts, each segment read alone
             with model.disable_memory():
-                hits, nll = answer_hits(model, on(data), eval_chunk(args.eval_samples, seg, vocab))
-            report["accuracy"][str(n)]["memory_disabled"] = answer_summary(hits.cpu(), nll.cpu(), depths, positions)
+                hits = answer_hits(model, on(data), chunk)
+            report["accuracy"][str(n)]["memory_disabled"] = answer_summary(*(h.cpu() for h in hits), listed, positions)
+        for name, reader in readers.items():  # a training-free reader of the untrained backbone, the same prompts
+            hits = answer_hits(reader.to(device), on(data), chunk, progress=f"{name} {n} segments")
+            report["accuracy"][str(n)].setdefault("readers", {})[name] = {
+                **answer_summary(*(h.cpu() for h in hits), listed, positions),
+                "memory_config": reader.memory_config.to_dict(),
+            }
         save()
         row = report["accuracy"][str(n)]
         alone = f", memory disabled {row['memory_disabled']['correct']}" if "memory_disabled" in row else ""
+        alone += "".join(f", {name} {cell['correct']}" for name, cell in row.get("readers", {}).items())
         print(
-            f"{n:6d} segments ({n * seg:8d} tokens)  exact {row['correct']}/{len(depths)}{alone}"
+            f"{n:6d} segments ({n * seg:8d} tokens)  exact {row['correct']}/{len(listed)}{alone}"
             f"{'' if n <= stages[stage][0] else '  (never trained)'}",
             flush=True,
         )

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import hmt_adapters as ha
-from hmt_adapters.evaluation import load_haystack
+from hmt_adapters.evaluation import load_haystack, tasks
 from hmt_adapters.evaluation.tasks import PASSKEY_HEAD
 from tiny import tiny_llama, tiny_tokenizer
 
@@ -43,7 +43,7 @@ def test_every_registered_method_trains_one_step(method):
     assert torch.isfinite(loss)
     assert any(not torch.equal(a, p) for a, p in zip(before, params))
     model.eval()
-    hits, nll = recipe.answer_hits(model, data, chunk=SEGMENT)  # streamed evaluation: the forward's answer loss
+    hits, mask, nll = recipe.answer_hits(model, data, chunk=SEGMENT)  # streamed evaluation: the forward's answer loss
     answer = data["labels"][0] != recipe.IGNORE
     assert hits.shape == (2, answer.sum())
     with torch.no_grad():
@@ -308,3 +308,52 @@ def test_warmup_scales_the_first_steps_learning_rate(tmp_path):
         after = load_file(tmp_path / warmup / "adapter" / "memory_adapter.safetensors")
         moved[warmup] = max(float((after[k] - start[k]).abs().max()) for k in start)
     assert moved["2"] == pytest.approx(moved["0"] / 2, rel=0.05)
+
+
+def babi_batch(size: int = 6, segments: int = 12):
+    """A qa2 batch whose answers differ in length (the first seed where they do)."""
+    for seed in range(50):
+        data, positions = recipe.batch("qa2", tiny_tokenizer(), segments * SEGMENT, size, seed, "repeat")
+        lengths = (data["labels"] != recipe.IGNORE).sum(-1)
+        if len(set(lengths.tolist())) > 1:
+            return data, positions
+    raise AssertionError("no qa2 batch with answers of unequal length in 50 seeds")
+
+
+def test_babi_samples_leave_room_for_answers_of_unequal_length():
+    tok, length = tiny_tokenizer(), 12 * SEGMENT  # the tiny BPE spends ~280 tokens on a story's facts
+    data, positions = babi_batch()
+    ids, labels = data["input_ids"], data["labels"]
+    assert ids.shape == (6, length)  # every row exactly the length asked, whatever its answer's tokens
+    for row, label, position in zip(ids, labels, positions):
+        answer = (label != recipe.IGNORE).nonzero()[:, 0]
+        assert answer.tolist() == list(range(int(answer[0]), length))  # the answer ends the row
+        assert tok.decode(row[answer]).strip() in tasks.LOCATIONS and int(answer[0]) >= 11 * SEGMENT
+        assert 0 < position < int(answer[0])  # the earliest supporting fact, before the question
+    with pytest.raises(ValueError, match="qa2 places its facts at random depths"):
+        recipe.batch("qa2", tok, length, 2, 0, "repeat", [0.0, 1.0])
+    assert recipe.no_information_nll("qa2", 1.5) == pytest.approx(math.log(6) / 1.5)  # six locations
+
+
+def test_answer_hits_score_each_answer_over_its_own_tokens():
+    """With answers of unequal length in one batch, each sample's NLL and exact match cover its own answer tokens:
+    the NLL equals that sample's forward loss alone."""
+    data, _ = babi_batch()
+    model = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "rmt", SEGMENT, 12).eval()
+    hits, mask, nll = recipe.answer_hits(model, data, chunk=SEGMENT)
+    lengths = (data["labels"] != recipe.IGNORE).sum(-1)
+    assert mask.sum(-1).tolist() == lengths.tolist() and bool(hits[~mask].all())
+    with torch.no_grad():
+        alone = [float(model(**{k: v[i : i + 1] for k, v in data.items()}).loss) for i in range(len(lengths))]
+    assert nll.tolist() == pytest.approx(alone, abs=1e-4)
+    summary = recipe.answer_summary(hits, mask, nll, [None] * len(lengths), list(range(len(lengths))))
+    assert summary["answer_token_accuracy"] == pytest.approx(float(hits[mask].float().mean()))
+
+
+def test_the_warmup_depth_stage_is_for_needle_tasks_only():
+    assert recipe.warmup_depth("passkey", "auto") == 0.0 and recipe.warmup_depth("passkey", 0.5) == 0.5
+    assert recipe.warmup_depth("qa2", "auto") is None and recipe.warmup_depth("passkey", "none") is None
+    with pytest.raises(ValueError, match=r"--warmup-depth 0.5 needs a needle task.*qa2 has none"):
+        recipe.warmup_depth("qa2", 0.5)
+    with pytest.raises(ValueError, match="--model tiny is trained from scratch"):
+        recipe.main(["--reader-baseline", "infllm", "--max-steps", "1"])
