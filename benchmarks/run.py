@@ -26,6 +26,7 @@ TASKS = {
         "collect train_longcontext.py runs on SmolLM2: exact per sample, memory off",
     ),
     "trained-memory-probe": ("trained_memory_probe.py", "candidate memory writes on frozen SmolLM2, side by side"),
+    "lm-eval-ruler": ("lm_eval_ruler.py", "lm-eval's own RULER tasks offline: bare at 4k, the default reader at 32k+"),
     "infllm": ("infllm.py", "training-free block retrieval on SmolLM2-135M: needles and passkeys, 4k-1M, per sample"),
     "infllm-cost": ("infllm_cost.py", "CPU seconds per 1k tokens and decode speed of InfLLM as the document grows"),
     "infllm-memory": ("infllm_memory.py", "where a long InfLLM read's resident memory goes (RAM, page files)"),

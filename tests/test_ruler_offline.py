@@ -108,3 +108,36 @@ def test_converted_folders_lose_the_gguf_quantization_config(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["config.json"]  # the temporary file was renamed into place
     _drop_quantization_config(str(tmp_path))  # nothing to drop: unchanged
     assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": "llama", "hidden_size": 576}
+
+
+def test_a_capped_generator_makes_the_first_prompts_of_a_full_run(tmp_path, monkeypatch):
+    """`--metadata '{"num_samples": N}'` has RULER generate N samples per task and length, not 500: the same first N
+    prompts (each generator draws its samples from `random` in turn), for the niah tasks and frequent words. (Variable
+    tracking's and common words' generators are capped the same way; with the test's tiny tokenizer the first cannot
+    fit its 500-token in-context example and the second makes 500 equal prompts.)"""
+    import importlib
+    import random
+
+    for module_name, name in ruler.GENERATORS:  # restored after the test
+        module = importlib.import_module(f"lm_eval.tasks.ruler.{module_name}")
+        monkeypatch.setattr(module, name, getattr(module, name))
+    tiny_tokenizer().save_pretrained(tmp_path)
+    ruler.ensure_punkt_tab()  # before lm-eval's RULER code is imported, or it tries the download
+    from lm_eval.tasks.ruler import fwe_utils, niah_utils
+
+    def inputs(task) -> list[str]:
+        random.seed(0)
+        return task(tokenizer=str(tmp_path), max_seq_lengths=[1024])["test"]["input"]
+
+    tasks = (niah_utils.niah_single_1, fwe_utils.fwe_download)
+    full = {task: inputs(task) for task in tasks}
+    assert all(len(prompts) == 500 and len(set(prompts)) > 1 for prompts in full.values())
+    ruler.limit_generated_samples(3)
+    for task, prompts in full.items():
+        assert inputs(task) == prompts[:3]  # the first three of the 500, prompt for prompt
+    ruler.limit_generated_samples(2)  # a second cap wraps lm-eval's own generator, not the first cap
+    assert inputs(niah_utils.niah_single_1) == full[niah_utils.niah_single_1][:2]
+    with pytest.raises(ValueError, match="`num_samples` must be a whole number >= 1, got 0"):
+        ruler.limit_generated_samples(0)
+    ruler.prepare(["--tasks", "niah_single_1", "--metadata", '{"num_samples": 4}'])
+    assert inputs(niah_utils.niah_single_1) == full[niah_utils.niah_single_1][:4]

