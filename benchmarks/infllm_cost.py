@@ -4,6 +4,8 @@ King James Bible, book after book) chunk by chunk, and at each checkpoint (8k, 3
 - the resident memory then and the peak so far, and the blocks in memory,
 - decode tokens/s from the state there: greedy continuation of the next `--new-tokens` tokens, the time of one
   generated token subtracted;
+- the bare model's CPU seconds per 1k tokens reading a `--bare-prompt`-token prompt (4k) in one forward, in the same
+  run and dtype (`bare_cpu_seconds_per_1k_tokens`: the rate the reader is held to), measured at every checkpoint;
 - the bare model's decode tokens/s after a prompt of the first checkpoint's length (8k: its own context), from a
   cache of that prompt filled once at the start (so no prompt is read inside the timing: two 8k prefills subtracted
   from each other left noise larger than 16 decoded tokens), measured the same way;
@@ -12,9 +14,11 @@ every round's values, so both see the same machine state.
 
     python benchmarks/infllm_cost.py --threads 1                      # 8k, 32k, 128k (about 40 CPU-minutes)
     python benchmarks/infllm_cost.py --lengths 8k 32k 128k 1m --fields store_dtype=int8 --name infllm_cost_1m
+    python benchmarks/infllm_cost.py --threads 1 --dtype bfloat16     # results/infllm_cost_bf16.json
 
 CPU seconds (one torch thread) rather than wall seconds: the two cores of this machine are shared. Writes
-`benchmarks/results/<--name>.json` after every checkpoint; `benchmarks/render_docs.py` renders it into
+`benchmarks/results/<--name>.json` (default `infllm_cost` for float32, `infllm_cost_bf16` for bfloat16; a top-level
+`dtype`) after every checkpoint; `benchmarks/render_docs.py` renders it into
 docs/infllm.md (`infllm-scaling`).
 """
 
@@ -70,6 +74,21 @@ def decode_rate(model, prompt: torch.Tensor, new_tokens: int, cache: Any = None,
         return new_tokens / max(timed(1 + new_tokens) - timed(1), 1e-9)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def bare_read_rate(base, prompt: torch.Tensor, rounds: int = 2) -> float:
+    """The bare model's process CPU seconds per 1k tokens reading `prompt` `[1, n]` in one forward (no cache kept):
+    the least of `rounds` reads, the first of which also warms the kernels."""
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(rounds):
+            start = time.process_time()
+            base(prompt, use_cache=False)
+            best = min(best, time.process_time() - start)
+    return 1000 * best / prompt.shape[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", nargs="+", type=parse_length, default=[8192, 32768, 131072])
@@ -78,21 +97,26 @@ def main() -> None:
     parser.add_argument("--fields", nargs="*", type=parse_field, default=[], metavar="NAME=VALUE")
     parser.add_argument("--decode-rounds", type=int, default=3, help="interleaved decode rounds per checkpoint")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--name", default="infllm_cost", help="results file name")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the backbone's weights")
+    parser.add_argument("--bare-prompt", type=parse_length, default=4096, help="the bare read rate's prompt")
+    parser.add_argument("--name", default=None, help="results file name (default: infllm_cost[_bf16])")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    base, tokenizer = smollm2()
+    name = args.name or {"float32": "infllm_cost", "bfloat16": "infllm_cost_bf16"}[args.dtype]
+    base, tokenizer = smollm2(dtype=DTYPES[args.dtype])
     base.eval()
     model = ha.wrap_with_memory(base, "infllm", **dict(args.fields)).eval()
     chunk = model.memory_config.segment_length
     lengths = sorted(args.lengths)
     if any(length % chunk for length in lengths) or args.span % chunk:
         raise SystemExit(f"--lengths and --span must be multiples of the chunk, {chunk} tokens")
-    ids = bible(tokenizer, lengths[-1])
+    ids = bible(tokenizer, max(lengths[-1], args.bare_prompt))
     pad = tokenizer.eos_token_id
     result = {
         "document": "KJV, book after book",
+        "dtype": args.dtype,
+        "bare_read_prompt_tokens": args.bare_prompt,
         "config": model.memory_config.to_dict(),
         "span": args.span,
         "new_tokens": args.new_tokens,
@@ -125,6 +149,7 @@ def main() -> None:
                 rounds["bare"].append(decode_rate(base, bare_prompt, args.new_tokens, bare_cache, pad_token_id=pad))
             point = {
                 "cpu_seconds_per_1k_tokens": 1000 * sum(last) / args.span,
+                "bare_cpu_seconds_per_1k_tokens": bare_read_rate(base, ids[None, : args.bare_prompt]),
                 "cpu_seconds_so_far": sum(seconds),
                 "rss_gb": rss,
                 "peak_rss_gb": peak,
@@ -135,7 +160,7 @@ def main() -> None:
             }
             result["checkpoints"][str(read)] = point
             print(read, point, flush=True)
-            write_result(args.name, result)
+            write_result(name, result)
 
 
 if __name__ == "__main__":

@@ -681,6 +681,12 @@ def infllm_scaling() -> str | None:
         (bare_at, once), *_ = data["bare_decode_tokens_per_s"].items()
         when = "once at the start"
     bare_note = f"bare: the bare model's decode tokens/s after a {bare_at}-token prompt, measured {when}"
+    bare_read = "bare_read_prompt_tokens" in data  # files before had no bare reading rate
+    if bare_read:
+        bare_note = (
+            f"bare read: the bare model reading a {data['bare_read_prompt_tokens']}-token prompt in one forward, "
+            f"{data['dtype']}, at each checkpoint; {bare_note}"
+        )
     if data.get("bare_prefilled"):
         bare_note += (
             f" from a cache of that prompt filled once (medians of {data['decode_rounds']} interleaved rounds of "
@@ -693,8 +699,8 @@ def infllm_scaling() -> str | None:
         f"tokens); {bare_note}.",
         "",
         "| tokens read | CPU s / 1k tokens | x first row | RSS (GB) | peak RSS (GB) | blocks | decode t/s | bare t/s "
-        "| x bare |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| x bare |" + (" bare read, CPU s / 1k | x bare read |" if bare_read else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if bare_read else ""),
     ]
     first = None
     for length, point in data["checkpoints"].items():
@@ -705,6 +711,12 @@ def infllm_scaling() -> str | None:
             f"| {int(length) // 1024}k | {cost:.1f} | {cost / first:.2f} | {point['rss_gb']:.2f} | "
             f"{point['peak_rss_gb']:.2f} | {point['blocks']} | {point['decode_tokens_per_s']:.2f} | {bare:.2f} | "
             f"{point['decode_tokens_per_s'] / bare:.2f} |"
+            + (
+                f" {point['bare_cpu_seconds_per_1k_tokens']:.1f} |"
+                f" {cost / point['bare_cpu_seconds_per_1k_tokens']:.2f} |"
+                if bare_read
+                else ""
+            )
         )
     return "\n".join(lines)
 
