@@ -1,5 +1,5 @@
 """Where a long InfLLM read's resident memory goes: SmolLM2-135M (bf16 weights) reads a standard passkey prompt with
-the 1M-token reader's configuration (the shipped QA recipe `examples/adapters/smollm2-infllm-qa` with the int8 store
+the 1M-token reader's configuration (the shipped default reader `examples/adapters/smollm2-infllm` with the int8 store
 in memory-mapped files, docs/infllm.md "A million tokens") through `model.step` in pieces, and after each piece the
 process's resident memory is split by kind from `/proc/self/smaps` (Linux): the C heap (`[heap]`), other anonymous
 mappings, and the store's file pages. At the end the heap is measured again after `malloc_trim` (what the state
@@ -26,7 +26,7 @@ import hmt_adapters as ha  # noqa: E402
 from hmt_adapters.evaluation import TASKS  # noqa: E402
 from hmt_adapters.methods.infllm.block_pages import resident_kib_by_mapping  # noqa: E402
 
-RECIPE = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm-qa"
+RECIPE = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm"
 
 
 def resident_mb() -> dict[str, int]:

@@ -92,9 +92,17 @@ def infllm_rows() -> list[dict]:
     return load_records(str(RESULTS / "infllm.jsonl"))
 
 
-# The readers of docs/infllm.md's headline tables: the bare model, the defaults and the recipes for prose and
-# look-alike needles; every other variant is in its other tables.
-HEADLINE_READERS = ("backbone", "infllm", "infllm-matched-both-ordered-2k", "infllm-matched-only-2k")
+# The readers of docs/infllm.md's headline tables: the bare model, the defaults (with the rows of the same
+# configuration measured before it was the default), InfLLM's ranking (the defaults until 2026-12-03) and the recipe
+# for look-alike needles; every other variant is in its other tables.
+HEADLINE_READERS = ("backbone", "infllm", "infllm-keep", "infllm-matched-both-ordered-2k", "infllm-matched-only-2k")
+# Readers whose configuration is the defaults' on SmolLM2 (tests/test_infllm.py checks the recipe against them),
+# measured under their own names before it became the default on 2026-12-04; the README counts their rows as
+# `infllm`'s, a seed that `infllm` itself ran once, from `infllm`.
+DEFAULT_BEFORE = {
+    "infllm-matched-both-ordered-2k": "infllm",
+    "infllm-matched-both-ordered-2k-bf16-int8": "infllm-bf16",
+}
 
 
 def infllm_headline() -> str | None:
@@ -105,15 +113,33 @@ def infllm_headline() -> str | None:
     return infllm([r for r in rows if r["task"] in measured])
 
 
-# The README's one table: task x (reader, length) cells of the bare model in its context, the defaults and the QA
-# recipe past it (every variant and length: docs/infllm.md)
+def as_default(rows: list[dict]) -> list[dict]:
+    """`rows` with those of `DEFAULT_BEFORE`'s readers named as the default reader they equal, less the seeds the
+    default itself ran."""
+
+    def key(row: dict, reader: str) -> tuple:
+        return reader, row["task"], row["length"], row["seed"]
+
+    own = {key(r, r["reader"]) for r in rows if r["reader"] in DEFAULT_BEFORE.values()}
+    out = []
+    for row in rows:
+        reader = DEFAULT_BEFORE.get(row["reader"])
+        if reader is None:
+            out.append(row)
+        elif key(row, reader) not in own:
+            out.append({**row, "reader": reader})
+    return out
+
+
+# The README's one table: task x (reader, length) cells of the bare model in its context, the default reader past it
+# and InfLLM's own ranking (the defaults until 2026-12-03) beside it (every variant and length: docs/infllm.md)
 HEADLINE_COLUMNS = (
     ("bare, 4k", "backbone", 4096),
     ("`infllm`, 32k", "infllm", 32768),
     ("`infllm`, 128k", "infllm", 131072),
-    ("QA recipe, 32k", "infllm-matched-both-ordered-2k", 32768),
-    ("QA recipe, 128k", "infllm-matched-both-ordered-2k", 131072),
-    ("QA recipe, 1M", "infllm-matched-both-ordered-2k-bf16-int8", 1048576),
+    ("`infllm` bf16 + int8 store, 1M", "infllm-bf16", 1048576),
+    ("InfLLM's ranking, 32k", "infllm-keep", 32768),
+    ("InfLLM's ranking, 128k", "infllm-keep", 131072),
 )
 HEADLINE_TASKS = ("niah_single_noise", "passkey_standard", "niah_single", "niah_multikey")
 
@@ -123,7 +149,7 @@ def headline() -> str | None:
     (`-`: not measured)."""
     from hmt_adapters.evaluation.records import cell_table
 
-    table = cell_table(infllm_rows())
+    table = cell_table(as_default(infllm_rows()))
     if not table:
         return None
     lines = [
@@ -245,17 +271,36 @@ def infllm(rows: list[dict] | None = None) -> str | None:
     )
 
 
+SMOLLM2_CONTEXT = 8192
+
+
+def as_run(config: dict, absent: dict) -> dict:
+    """A record's or a shipped file's InfLLM fields as they ran on SmolLM2 (every record's backbone): a field newer
+    than it with the value the package had then (`absent`), and a window or match layer written out as the value
+    `None` resolves to there written as `None`, so two configurations that read alike compare equal."""
+    import hmt_adapters as ha
+
+    config = {**absent, **config}
+    if config.get("match_layer") == 0 and config.get("memory_layers") is None:
+        config["match_layer"] = None  # the first memory layer
+    scaled = ha.InfLLMConfig(block_positions=config.get("block_positions", "ordered")).resolved(SMOLLM2_CONTEXT)
+    if config.get("window") == scaled[0]:
+        config["window"] = None
+    return config
+
+
 def variant_fields(rows: list[dict]) -> dict[str, str]:
     """For each memory reader other than `infllm`, the config fields its records differ in from the defaults (a
     `store_disk` directory by what it does, not its path) and the weights' dtype where not fp32."""
     import hmt_adapters as ha
 
-    defaults = ha.InfLLMConfig().to_dict()
+    defaults, absent = ha.InfLLMConfig().to_dict(), ha.InfLLMConfig.absent_values()
     out: dict[str, str] = {}
     for row in rows:
         if row["reader"] in ("backbone", "infllm") or row["reader"] in out or not row.get("config"):
             continue
-        changed = {k: v for k, v in row["config"].items() if k in defaults and defaults[k] != v}
+        config = as_run(row["config"], absent)
+        changed = {k: v for k, v in config.items() if k in defaults and defaults[k] != v}
         fields = (
             ", ".join(
                 "`store_disk` (blocks in memory-mapped files)" if k == "store_disk" else f"`{k}={v!r}`"  # a local path
@@ -433,24 +478,17 @@ _BACKBONE = (
 # shipped adapter folder -> how it was trained
 CARDS = {
     "smollm2-infllm": (
-        "Not trained: InfLLM's training-free block retrieval (Xiao et al. 2024) with its released settings scaled to "
-        "the backbone's 8k context (window 4096, 128 sink tokens, blocks of 128 tokens with 4 representative keys, "
-        "the top 16 blocks per 512-token chunk; beyond InfLLM, each decoding step also reads the blocks the "
-        "question's chunk retrieved, `keep_question_blocks`), written by "
-        f'`wrap_with_memory(base, "infllm").save_pretrained`. {_BACKBONE}'
-    ),
-    "smollm2-infllm-qa": (
-        "Not trained: the README's recipe for questions about a long document. InfLLM's block retrieval with a "
-        "local window of 2048 tokens and 128 sink tokens, where each 512-token chunk reads only the one past block "
-        "that holds the most of its last 32 tokens' words, with the blocks before and after it, each key at its "
-        "place in document order just before the window: `match_score='tokens'`, `match_blocks=1`, "
-        "`match_neighbours='both'`, `block_positions='ordered'`, `topk_blocks=0` (none of InfLLM's ranked blocks, "
-        "which bring look-alike passages in), `keep_question_blocks=False`; written by `wrap_with_memory(base, "
-        '"infllm", match_blocks=1, topk_blocks=0, match_score="tokens", match_neighbours="both", '
-        'block_positions="ordered", keep_question_blocks=False, window=2048).save_pretrained`. It replaced '
-        "(2026-11-29) the same recipe without the block before the matched one and with every block at the window's "
-        "distance, which answered the same number of look-alike needles and one essay needle fewer on the same 50 "
-        f"prompts at 32k, and 4 of 9 standard passkeys where this one answers 9. {_BACKBONE}"
+        'Not trained: the default reader of `"infllm"` (block retrieval over a frozen model, after InfLLM, '
+        "Xiao et al. 2024), scaled to the backbone's 8k context: each 512-token chunk reads 128 sink tokens, "
+        "a local window of 2048 tokens and the one past block of 128 tokens holding the most rare words of "
+        "its last 32 tokens (the question's, when the prompt ends in one), with the blocks before and after "
+        "it, each key at its place in document order just before the window (`match_score='tokens'`, "
+        "`match_blocks=1`, `match_neighbours='both'`, `block_positions='ordered'`, `topk_blocks=0`: none of "
+        "InfLLM's ranked blocks, which bring look-alike passages in); written by `wrap_with_memory(base, "
+        '"infllm").save_pretrained`. Until 2026-12-04 this folder held InfLLM\'s ranking (the top 16 blocks '
+        "by representative keys, at the window's distance), the defaults then: "
+        "`InfLLMConfig.paper(keep_question_blocks=True)`. "
+        f"{_BACKBONE}"
     ),
     "smollm2-hmt": (
         "Trained on one NVIDIA H100 (about 4 minutes) by `benchmarks/gpu/smollm2_pipeline.sh`: `examples/train_hmt.py "
@@ -472,12 +510,12 @@ def infllm_card_results(shipped: MemoryConfig) -> str | None:
     its card."""
     from hmt_adapters.evaluation.records import load_records, markdown_tables
 
-    saved, absent = shipped.saved_fields(), type(shipped).absent_values()
-    rows = [  # the bare model, and the memory readers that ran this very configuration (a field added after a
-        # record was written has, in that record, the value the package had then: `absent_values`)
+    absent = type(shipped).absent_values()
+    saved = as_run(shipped.saved_fields(), absent)
+    rows = [  # the bare model, and the memory readers that ran this very configuration (`as_run`)
         r
         for r in load_records(str(ROOT / "benchmarks" / "results" / "infllm.jsonl"))
-        if r["reader"] == "backbone" or {k: r.get("config", {}).get(k, absent.get(k)) for k in saved} == saved
+        if r["reader"] == "backbone" or {k: as_run(r.get("config", {}), absent).get(k) for k in saved} == saved
     ]
     if not any(r["reader"] != "backbone" for r in rows):
         return None

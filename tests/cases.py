@@ -18,7 +18,7 @@ METHOD_CASES: dict[str, dict] = {
     "unimix": dict(memory_size=24, window=4, global_tokens=2, topk=2, memory_tokens=2),
     "elastic": dict(hippo_order=8, memory_tokens=6),
     "melodi": dict(summary_length=4, long_term_length=2, long_term_windows=3),
-    "infllm": dict(window=8, sink_tokens=2, block_size=4, topk_blocks=2, representative_keys=2),
+    "infllm": dict(window=8, sink_tokens=2, block_size=4, representative_keys=2),
     "armt": dict(key_size=4, read_init_std=0.05),  # a read that starts nonzero: gradients reach every weight at once
 }
 
@@ -28,19 +28,21 @@ METHOD_CASES: dict[str, dict] = {
 # with the overrides under which they are causal.
 CAUSAL_PER_SEGMENT = {
     "infllm": (
-        "a chunk's blocks are chosen with the mean of all its queries (InfLLM §3.2), so an early token's logits "
-        "depend on the chunk's later tokens (docs/infllm.md, 'Not causal inside a chunk')"
+        "a chunk's block is chosen by the words of its last tokens, so an early token's logits depend on the "
+        "chunk's later tokens (docs/infllm.md, 'Not causal inside a chunk')"
     ),
 }
-CAUSAL_WITH = {"infllm": dict(topk_blocks=64)}  # every block retrieved: no choice left to depend on the queries
+# every block retrieved: no choice left to depend on the queries (at the window's distance: 64 ordered blocks would
+# not fit a tiny context)
+CAUSAL_WITH = {"infllm": dict(topk_blocks=64, block_positions="window")}
 # Methods whose state assumes the rows of a batch close their segments in the same `step` calls, and why: the shared
 # test of padded rows streamed in calls where they close segments at different times leaves them out. `generate`
 # splits such rows into groups that close together, so its padded batches are exact (tests/test_infllm.py).
 ROWS_CLOSE_TOGETHER = {
     "infllm": (
         "the sinks and blocks are cut from the front of a tail shared by the batch, at the batch's width: a row "
-        "that closed fewer segments loses part of its local window to blocks (read at distance W) and takes "
-        "its sinks from another offset"
+        "that closed fewer segments loses part of its local window to blocks and takes its sinks from another "
+        "offset"
     ),
 }
 

@@ -210,16 +210,10 @@ def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
 def test_a_file_written_before_a_field_was_added_loads_with_the_behaviour_it_had(tmp_path):
     """`keep_question_blocks`, `block_positions`, `match_score`, `match_in_view` and `match_neighbours` came after
     InfLLM files existed (metadata `"absent"`): a file without them loads with `False` / `"window"` / `"attention"` /
-    `False` / `"after"`, the behaviour of the package that wrote it (whatever today's default:
-    `keep_question_blocks` is `True` now); a missing field that is not marked is still refused."""
-    model = ha.wrap_with_memory(
-        tiny_backbone("llama"),
-        "infllm",
-        segment_length=16,
-        block_size=8,
-        representative_keys=2,
-        keep_question_blocks=True,
-    )
+    `False` / `"after"`, the behaviour of the package that wrote it (whatever today's default: `"ordered"`,
+    `"tokens"` and `"both"` now); a missing field that is not marked is still refused."""
+    config = ha.InfLLMConfig.paper(segment_length=16, block_size=8, representative_keys=2, keep_question_blocks=True)
+    model = ha.wrap_with_memory(tiny_backbone("llama"), config)
     model.save_pretrained(tmp_path)
     absent = {
         "keep_question_blocks": False,

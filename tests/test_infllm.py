@@ -23,6 +23,7 @@ from hmt_adapters.evaluation.shared_prefix import Checkpoints, SharedPrefixes
 from hmt_adapters.memory import attend
 from hmt_adapters.methods.infllm import block_pages
 from hmt_adapters.methods.infllm import method as infllm_module
+from hmt_adapters.methods.infllm.config import PAPER
 from hmt_adapters.methods.infllm.method import InfLLM
 from tiny import (
     FAMILY_NAMES,
@@ -35,7 +36,11 @@ from tiny import (
     tiny_backbone,
 )
 
+# InfLLM's own reading (the defaults before format 3, `keep_question_blocks` on as they had it), small: the tests of
+# its mechanisms; the default reader's own are below (`test_the_default_reader_*`)
 SMALL = {
+    **PAPER,
+    "keep_question_blocks": True,
     "segment_length": 16,
     "window": 64,
     "sink_tokens": 8,
@@ -819,8 +824,11 @@ def test_a_scaled_block_below_the_representatives_says_how_it_was_sized():
 def test_config_round_trips_and_defaults_scale_with_the_context():
     config = ha.InfLLMConfig(window=2048)
     assert ha.InfLLMConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
-    assert ha.InfLLMConfig().resolved(8192) == (4096, 128, 128)  # InfLLM's settings at an 8k context
-    assert ha.InfLLMConfig(segment_length=64).resolved(512) == (256, 16, 16)
+    assert ha.InfLLMConfig.paper().resolved(8192) == (4096, 128, 128)  # InfLLM's settings at an 8k context
+    assert ha.InfLLMConfig.paper(segment_length=64).resolved(512) == (256, 16, 16)
+    # the default reader's blocks sit at their own positions before the window: a quarter of the context, <= 2048
+    assert ha.InfLLMConfig().resolved(8192) == (2048, 128, 128)
+    assert ha.InfLLMConfig(segment_length=64).resolved(512) == (128, 16, 16)
 
 
 def test_standard_passkey_and_noise_needle_tasks():
@@ -970,35 +978,93 @@ def test_smollm2_answers_a_needle_it_retrieved_from_memory():
 
 
 def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says_so():
-
     from hmt_adapters.saving.card import render_model_card
 
     folder = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "smollm2-infllm"
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
     assert model.method == "infllm" and list(model.memory.parameters()) == []
-    assert (model.memory.window, model.memory.sinks, model.memory.block) == (4096, 128, 128)  # scaled to SmolLM2
-    assert model.memory_config.keep_question_blocks  # the defaults: the README headline's reader (`infllm`)
+    assert model.memory_config == ha.InfLLMConfig()  # the defaults: the README headline's reader (`infllm`)
+    assert (model.memory.window, model.memory.sinks, model.memory.block) == (2048, 128, 128)  # scaled to SmolLM2
+    assert model.memory.match_layer == 0
     card = str(render_model_card(wrap(backbone())))
     assert "no trained weights" in card and "is_trainable" not in card and "ha.ask(model" in card
     assert "is_trainable=True" in str(render_model_card(ha.wrap_with_memory(backbone(), "rmt", segment_length=8)))
 
 
-def test_the_recipe_for_questions_ships_as_a_folder_that_loads_in_one_line():
+def test_the_recipe_the_headline_measured_is_the_default_reader():
+    """docs/infllm.md's `wrap_with_memory(base, "infllm", ...)` call of the headline in full (the rows
+    `infllm-matched-both-ordered-2k`, measured before it became the default) is the defaults on SmolLM2."""
     import ast
     import re
 
     root = Path(__file__).resolve().parents[1]
-    # the `wrap_with_memory(base, "infllm", ...)` call of the headline in full (the README's QA recipe column)
     page = (root / "docs" / "infllm.md").read_text().split("## The headline in full", 1)[1]
     snippet = re.search(r'wrap_with_memory\(\s*base, "infllm",(.*?)\n\)', page, re.S)
     assert snippet is not None
     recipe = {k.arg: ast.literal_eval(k.value) for k in ast.parse(f"f({snippet.group(1)})").body[0].value.keywords}
     assert recipe["match_blocks"] == 1 and recipe["topk_blocks"] == 0  # the call the regex found
-    folder = root / "examples" / "adapters" / "smollm2-infllm-qa"
-    model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
-    assert model.method == "infllm" and list(model.memory.parameters()) == []
-    assert model.memory_config == ha.InfLLMConfig(**recipe)
-    assert (model.memory.window, model.memory.sinks, model.memory.block) == (2048, 128, 128)
+    assert ha.InfLLMConfig(**recipe).replace(window=None) == ha.InfLLMConfig()
+    assert ha.InfLLMConfig().resolved(8192)[0] == recipe["window"]  # SmolLM2's 8k context
+
+
+# `examples/adapters/smollm2-infllm/memory_config.json` as shipped until 2026-12-03, when the defaults were InfLLM's
+# ranking with `keep_question_blocks` (fields added later absent, as in every file of that time)
+OLD_DEFAULT_FILE = {
+    "base_model_architecture": "LlamaForCausalLM",
+    "base_model_type": "llama",
+    "block_size": None,
+    "bptt_depth": None,
+    "format_version": 2,
+    "keep_question_blocks": True,
+    "match_blocks": 0,
+    "match_layer": 0,
+    "match_queries": 32,
+    "memory_layers": None,
+    "method": "infllm",
+    "representative_keys": 4,
+    "segment_length": 16,
+    "select_per": "layer",
+    "sink_tokens": 8,
+    "store_dtype": None,
+    "topk_blocks": 2,
+    "window": None,
+}
+
+
+def test_a_file_saved_with_the_old_defaults_loads_and_reads_as_it_ran(tmp_path):
+    base = backbone()
+    ha.wrap_with_memory(base, "infllm", segment_length=16).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "memory_config.json").read_text())
+    facts = ("embed_dim", "hidden_size", "num_hidden_layers", "vocab_size")  # of this base
+    old = {**OLD_DEFAULT_FILE, **{k: saved[k] for k in facts}}
+    (tmp_path / "memory_config.json").write_text(json.dumps(old))
+    loaded = ha.MemoryModel.from_pretrained(base, str(tmp_path))
+    fields = {k: v for k, v in OLD_DEFAULT_FILE.items() if k in ha.InfLLMConfig.field_names() and k != "method"}
+    then = ha.InfLLMConfig.paper(**fields)
+    assert loaded.memory_config == then and (then.block_positions, then.match_score) == ("window", "attention")
+    assert loaded.memory.window == 128  # InfLLM's half of the 256 positions (the default reader would take 64)
+    ids = random_ids(1, 200, seed=3)
+    with torch.no_grad():
+        ran = ha.wrap_with_memory(base, then).eval()(input_ids=ids).logits
+        torch.testing.assert_close(loaded(input_ids=ids).logits, ran, atol=0, rtol=0)
+
+
+def test_the_default_reader_reads_the_block_holding_the_last_words_in_document_order():
+    """The defaults: sinks, the window and the one stored block (with both neighbours) sharing the most rare words
+    with the call's last tokens, at their own positions in document order; no block ranked by representatives."""
+    base = backbone()
+    model = ha.wrap_with_memory(base, "infllm", segment_length=16, sink_tokens=8, block_size=8).eval()
+    assert model.memory.window == 64 and model.memory_config.topk_blocks == 0
+    ids = random_ids(1, 240, seed=11)
+    ids[ids >= 80] = 0
+    ids[0, 64:72] = torch.arange(80, 88)  # block 7 (after the 8 sinks): words only the question repeats
+    ids[0, -8:] = torch.arange(80, 88)
+    model.memory.trace = {}
+    with torch.no_grad():
+        model(input_ids=ids)
+    selected = model.memory.trace[0][-1]["selected"][0]
+    assert sorted(selected) == [6, 7, 8]  # block 7 and both its neighbours
+    assert all(model.memory.trace[layer][-1]["selected"][0] == selected for layer in model.memory.trace)
 
 
 FAMILY_FIELDS = dict(segment_length=8, window=24, sink_tokens=4, block_size=4, topk_blocks=2, representative_keys=2)
@@ -1021,9 +1087,10 @@ def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blo
         logits = model(input_ids=long).logits
     assert torch.isfinite(logits).all()
     layer = min(model.memory.trace)
-    assert model.memory.trace[layer][-1]["blocks"] > 2 and len(model.memory.trace[layer][-1]["selected"][0]) == 2
-    out = model.generate(long[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
-    assert out.shape == (1, 93)
+    # the default reader: the 2 ranked blocks and the token-matched one with both neighbours, 5 distinct blocks
+    assert model.memory.trace[layer][-1]["blocks"] > 5 and len(model.memory.trace[layer][-1]["selected"][0]) == 5
+    out = model.generate(long[:1], max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 93)  # (a random model's eos can come first: min_new_tokens)
     if (
         model.adapter.rope_module is None
         or family in STATE_OUTSIDE_ATTENTION
@@ -1032,7 +1099,7 @@ def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blo
         return  # a sliding-window layer reads blocks its own window would not (Mistral, Gemma2/3's local layers)
     # ordered block positions with every block retrieved: the family's own RoPE (partial, interleaved) puts each
     # block key at its true position, so the whole document reads as the bare backbone reads it
-    fields = {**FAMILY_FIELDS, "topk_blocks": 6, "block_positions": "ordered", "keep_question_blocks": False}
+    fields = {**FAMILY_FIELDS, **PAPER, "topk_blocks": 6, "block_positions": "ordered"}
     ordered = ha.wrap_with_memory(base, "infllm", **fields, **layer_overrides("infllm", family)).eval()
     with torch.no_grad():
         got, full = ordered(input_ids=long[:, :56]).logits, base(input_ids=long[:, :56]).logits

@@ -9,8 +9,9 @@ register_method(
     config_cls=InfLLMConfig,
     method_cls=InfLLM,
     untrained=(
-        "no trainable parameters (training-free by design, InfLLM): every layer reads 128 sinks, the local window"
-        " and the top-16 blocks of 128 past tokens by representative keys, at a fixed distance"
+        "no trainable parameters (training-free): every layer reads 128 sinks, the local window and the block of"
+        " 128 past tokens (with its neighbours) sharing the most rare words with the chunk's last tokens, in"
+        " document order"
     ),
 )
 

@@ -2,14 +2,17 @@
 
 UniMem's four dimensions (docs/infllm.md): management = every past token kept, the first `sink_tokens` as attention
 sinks and the rest cut into blocks of `block_size` once they leave the local window; writing = the layer's own
-pre-RoPE keys/values (direct, no parameters); reading = sinks + the `topk_blocks` blocks whose representative keys
-best match the execution chunk's mean query + the local window; injection = one joint softmax in every memory layer.
+pre-RoPE keys/values (direct, no parameters); reading = sinks + the local window + the block (and its neighbours)
+sharing the most rare words with the chunk's last tokens, in document order (the defaults), or InfLLM's `topk_blocks`
+blocks whose representative keys best match the chunk's mean query at distance W (`InfLLMConfig.paper()`);
+injection = one joint softmax in every memory layer.
 Fields left `None` scale with the backbone's context (`max_position_embeddings`) when the method is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -22,11 +25,29 @@ MATCH_SCORES = ("attention", "tokens")
 MATCH_NEIGHBOURS = ("after", "both")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
 INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
+# The default reader's window with blocks at their own positions: a needle read from a block is then W + its place
+# before the tail away, and SmolLM2-135M did not read it at 4096 (docs/infllm.md, "The default reader").
+ORDERED_WINDOW = 2048
+# InfLLM as published (§3.2, §4.1): ranked blocks alone, at distance W, ranked anew for every decoded token.
+# The defaults before format 3 (docs/infllm.md, "The default reader"), less `keep_question_blocks`.
+PAPER = dict(
+    topk_blocks=16,
+    match_blocks=0,
+    match_score="attention",
+    match_neighbours="after",
+    block_positions="window",
+    keep_question_blocks=False,
+)
 
 
 @dataclass
 class InfLLMConfig(MemoryConfig):
     """Block-retrieval memory over a frozen model: no trainable parameter (InfLLM, Xiao et al. 2024, §3).
+
+    The defaults are the reader measured right on every needle task of docs/infllm.md ("The default reader"): each
+    chunk reads the sinks, the local window and the one stored block (with its neighbours) that shares the most
+    rare words with the chunk's last tokens (the question, when the prompt ends in one), in document order.
+    InfLLM as published (ranked blocks by representative keys, at one distance): `InfLLMConfig.paper()`.
 
     Args:
         segment_length (`int`, defaults to 512):
@@ -34,8 +55,9 @@ class InfLLMConfig(MemoryConfig):
             once per chunk with its mean query (§3.2).
         window (`int`, *optional*):
             Local window W (InfLLM's `n_local`): each chunk attends to its own tokens and the stored tokens from W
-            before its start (rounded down to a block boundary) at their true RoPE distances. `None`: half the
-            backbone's context, at most 4096.
+            before its start (rounded down to a block boundary) at their true RoPE distances. `None`: with
+            `block_positions="ordered"` a quarter of the backbone's context, at most 2048; with `"window"` InfLLM's
+            half of it, at most 4096.
         sink_tokens (`int`, *optional*):
             The first tokens of the stream kept as attention sinks (InfLLM's `n_init`, §3.1 "initial tokens"),
             read by every chunk once they left the window. `None`: 128, at most 1/32 of the context.
@@ -43,9 +65,10 @@ class InfLLMConfig(MemoryConfig):
         representative_keys (`int`, defaults to 4):
             Keys that represent a block (`repr_topk`, §3.2): per query head, the block's tokens that received the
             most local attention while they were in the window; their keys are averaged.
-        topk_blocks (`int`, defaults to 16): Blocks retrieved per chunk and memory layer (`topk`, §3.2). `0`: none
-            ranked; with `match_blocks` the question-aware blocks alone (each once), the representatives are not
-            scored, and with `block_positions="ordered"` every chunk's attention runs in one SDPA call.
+        topk_blocks (`int`, defaults to 0): Blocks retrieved per chunk and memory layer (`topk`, §3.2; 16 in
+            InfLLM). `0`: none ranked; with `match_blocks` the question-aware blocks alone (each once), the
+            representatives are not scored, and with `block_positions="ordered"` every chunk's attention runs in
+            one SDPA call.
         select_per (`str`, defaults to `"layer"`):
             `"layer"`: one block ranking per layer, the score summed over all heads (InfLLM); `"kv_head"`: one
             ranking per key/value head (the heads of its group summed).
@@ -64,16 +87,17 @@ class InfLLMConfig(MemoryConfig):
         store_ram_gb (`float`, *optional*):
             With `store_disk`, the GB of blocks (all memory layers, after `store_dtype`) kept in RAM before the rest
             go to disk (`None`: 0, every block on disk). A runtime switch: not saved with the adapter.
-        match_blocks (`int`, defaults to 0):
+        match_blocks (`int`, defaults to 1):
             Beyond InfLLM, for documents with look-alike passages: this many more blocks per chunk, chosen in layer
             `match_layer` by their best single token's match with the mean of the chunk's last `match_queries`
             queries (pre-RoPE, heads summed), and read by that layer and every later one besides the `topk_blocks`
             of InfLLM's ranking. Layer 0's keys are close to the token embeddings, so its best token matches the
             question's words (a name) where block representatives see only which blocks are unusual
-            (docs/infllm.md, "Question-aware blocks"). 0: InfLLM's ranking alone.
-        match_layer (`int`, defaults to 0): The memory layer whose stored keys rank the `match_blocks` (with
-            `match_score="tokens"`: the first layer that reads them).
-        match_score (`str`, defaults to `"attention"`):
+            (docs/infllm.md, "Question-aware blocks"). 0: InfLLM's ranking alone (with `match_score="attention"`).
+        match_layer (`int`, *optional*): The memory layer whose stored keys rank the `match_blocks` (with
+            `match_score="tokens"`: the first layer that reads them). `None`: the first memory layer (layer 0, or a
+            hybrid's first attention layer).
+        match_score (`str`, defaults to `"tokens"`):
             How the `match_blocks` are ranked. `"attention"`: a block's best single key in `match_layer` against
             the mean of the chunk's last `match_queries` queries (above). `"tokens"`: the words the question and
             a block share: the distinct token ids of the last `match_queries` tokens read, each weighted by its
@@ -81,7 +105,7 @@ class InfLLMConfig(MemoryConfig):
             read with its neighbours (`match_neighbours`: by default the block after it, so `2 * match_blocks`
             blocks). Exact where layer 0's keys are only close to token identity
             (docs/infllm.md, "Question-aware blocks"). Stores one token id per stored token.
-        match_neighbours (`str`, defaults to `"after"`):
+        match_neighbours (`str`, defaults to `"both"`):
             With `match_score="tokens"`: the blocks read around each matched one. `"after"`: the block after it
             (a needle whose question words come first, cut at a block boundary, keeps its answer there). `"both"`:
             the blocks before and after it, `3 * match_blocks` blocks: a needle whose words come on both sides of
@@ -98,7 +122,7 @@ class InfLLMConfig(MemoryConfig):
             `keep_question_blocks`). With `match_score="tokens"`: the question's length in tokens, the call's and
             those read before it; every segment's own call of more than one token ranks afresh (a question asked
             from a document's `memory_state`, however short), decoding steps keep its blocks.
-        keep_question_blocks (`bool`, defaults to `True`):
+        keep_question_blocks (`bool`, defaults to `False`):
             Beyond InfLLM: each decoding step reads, besides its own top-k (InfLLM ranks blocks anew for every
             generated token), the blocks the chunk that ended in the question retrieved in the same layer, so an
             answer copied over several tokens keeps its source in view (docs/infllm.md, "Decoding keeps the
@@ -106,7 +130,7 @@ class InfLLMConfig(MemoryConfig):
             chunks (its perplexity) is the same either way. `False`: InfLLM's per-token ranking alone (with
             `match_blocks` it did better on look-alike needles: a step reads half the blocks); adapter files written
             before this field read as `False`.
-        block_positions (`str`, defaults to `"window"`):
+        block_positions (`str`, defaults to `"ordered"`):
             Where the sinks and retrieved blocks sit for RoPE. `"window"`: every one of their keys at distance W
             from every query (InfLLM §3.1), so a block's tokens carry no order among themselves. `"ordered"`
             (beyond InfLLM): sinks, then the retrieved blocks in document order, each key at its own position just
@@ -124,7 +148,7 @@ class InfLLMConfig(MemoryConfig):
         default=None, metadata={"help": "Tokens per memory block.", "min": 1, "nullable": True}
     )
     representative_keys: int = field(default=4, metadata={"help": "Representative keys per block.", "min": 1})
-    topk_blocks: int = field(default=16, metadata={"help": "Blocks retrieved per chunk and layer.", "min": 0})
+    topk_blocks: int = field(default=0, metadata={"help": "Blocks retrieved per chunk and layer.", "min": 0})
     select_per: str = field(default="layer", metadata={"help": "Block ranking granularity.", "choices": SELECT_PER})
     memory_layers: tuple[int, ...] | None = field(
         default=None,
@@ -161,27 +185,36 @@ class InfLLMConfig(MemoryConfig):
             "runtime": True,
         },
     )
-    match_blocks: int = field(default=0, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
-    match_layer: int = field(default=0, metadata={"help": "Layer whose keys rank the matched blocks.", "min": 0})
+    match_blocks: int = field(default=1, metadata={"help": "Extra blocks by best-token match per chunk.", "min": 0})
+    match_layer: int | None = field(
+        default=None,
+        metadata={"help": "Layer whose keys rank the matched blocks (None: the first).", "min": 0, "nullable": True},
+    )
     keep_question_blocks: bool = field(
-        default=True, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
+        default=False, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
     match_in_view: bool = field(
         default=False, metadata={"help": "Token match also ranks the text in view.", "absent": False}
     )
     match_score: str = field(
-        default="attention",
+        default="tokens",
         metadata={"help": "Ranking of the matched blocks.", "choices": MATCH_SCORES, "absent": "attention"},
     )
     match_neighbours: str = field(
-        default="after",
+        default="both",
         metadata={"help": "Blocks read around a token-matched one.", "choices": MATCH_NEIGHBOURS, "absent": "after"},
     )
     block_positions: str = field(
-        default="window",
+        default="ordered",
         metadata={"help": "RoPE positions of sinks and blocks.", "choices": BLOCK_POSITIONS, "absent": "window"},
     )
+
+    @classmethod
+    def paper(cls, **fields: Any) -> InfLLMConfig:
+        """InfLLM as published (Xiao et al. 2024, §3.2): the `topk_blocks=16` blocks best ranked by representative
+        keys, read at distance W, ranked anew for every decoded token; `fields` change any of it."""
+        return cls(**{**PAPER, **fields})
 
     @property
     def blocks_per_match(self) -> int:
@@ -231,9 +264,14 @@ class InfLLMConfig(MemoryConfig):
         if self.match_score != "attention" and not self.match_blocks:
             raise ValueError(
                 f"`match_score` ({self.match_score!r}) ranks the `match_blocks`, which is 0: set match_blocks >= 1, "
-                "or leave match_score='attention'."
+                "or match_score='attention' (InfLLM as published, every field: InfLLMConfig.paper())."
             )
-        if self.match_blocks and self.memory_layers is not None and self.match_layer not in self.memory_layers:
+        if (
+            self.match_blocks
+            and self.memory_layers is not None
+            and self.match_layer is not None
+            and self.match_layer not in self.memory_layers
+        ):
             raise ValueError(
                 f"`match_layer` ({self.match_layer}) must be one of `memory_layers` {list(self.memory_layers)}: "
                 "the matched blocks are ranked by that layer's stored keys."
@@ -250,7 +288,12 @@ class InfLLMConfig(MemoryConfig):
         (InfLLM's 4096 / 128 / 128 where the context allows); a `ValueError` when the local part of a chunk
         (window + the larger of sinks and block + chunk) would read RoPE distances past the context."""
         context = max_positions or 2 * INFLLM_WINDOW
-        window = self.window if self.window is not None else max(1, min(INFLLM_WINDOW, context // 2))
+        if self.window is not None:
+            window = self.window
+        elif self.block_positions == "ordered":
+            window = max(1, min(ORDERED_WINDOW, context // 4))
+        else:
+            window = max(1, min(INFLLM_WINDOW, context // 2))
         sinks = self.sink_tokens if self.sink_tokens is not None else min(INFLLM_SINKS, context // 32)
         block = self.block_size if self.block_size is not None else max(1, min(INFLLM_BLOCK, context // 32))
         if self.representative_keys > block:  # only a scaled block can be smaller (`validate` checks a set one)

@@ -74,7 +74,9 @@ class InfLLM(MemoryMethod):
         self.window, self.sinks, self.block = config.resolved(backbone.max_positions)
         layers = range(backbone.num_layers) if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
-        if config.match_blocks and config.match_layer not in self.layers:
+        # the layer ranking the matched blocks: `None`, the first memory layer (layer 0, or a hybrid's first attention)
+        self.match_layer = self.layers[0] if config.match_layer is None else config.match_layer
+        if config.match_blocks and self.match_layer not in self.layers:
             raise ValueError(
                 f"`match_layer` ({config.match_layer}) must be a memory layer, one of {list(self.layers)}."
             )
@@ -374,7 +376,7 @@ class InfLLM(MemoryMethod):
                 query_valid = segment.mask.bool().to(query.device)
             matched, kept = None, None
             question = self._question_call(q_len, segment)  # else a decoding step: it reuses the question's blocks
-            if self.config.match_blocks and has_blocks and layer >= self.config.match_layer:
+            if self.config.match_blocks and has_blocks and layer >= self.match_layer:
                 matched = self._matched(layer, state, context, query_pre, query_valid, segment, question)
             if self.config.keep_question_blocks and not question:
                 kept = context.notes.get(f"keep.{layer}", state.get(f"keep.{layer}"))  # see `keep_question_blocks`
@@ -600,7 +602,7 @@ class InfLLM(MemoryMethod):
         (`_question_call`), else those of the last one (the open segment's first call, then the last closed
         segment's, kept in the state). Later layers of the call read the same blocks. `match_score="tokens"` ranks
         by the ids of `segment` and of the tail before it (the last `match_queries` real ones)."""
-        if layer == self.config.match_layer:
+        if layer == self.match_layer:
             if question or (MATCH_NOTE not in context.notes and "match" not in state):  # or nothing to reuse
                 if self.config.match_score == "tokens":
                     assert segment is not None  # `_question_call` raised without one
