@@ -8,6 +8,9 @@ sample count, 95% Wilson interval). Sample i of a cell has seed `--seed + i` and
 Readers:
 - `backbone`: the bare backbone on the last `--context` tokens (its trained context; at lengths up to it this is
   full attention over the whole prompt: the in-context baseline);
+- `yarn`: the bare backbone with transformers' YaRN RoPE scaling (`rope_parameters` `rope_type="yarn"`, factor = the
+  prompt's length / `--context`, the trained context as `original_max_position_embeddings`) reading the whole prompt
+  with full attention: what a user would try first to read past the trained context;
 - `infllm`: the bare backbone wrapped with `wrap_with_memory(base, "infllm", **--infllm-fields)` (no training);
   each record also holds, per layer, whether every needle's block was among the blocks retrieved at the question
   (recall@k, `recall`), and the number of blocks in memory.
@@ -20,6 +23,7 @@ Readers:
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import resource
 import sys
@@ -39,7 +43,7 @@ from hmt_adapters.evaluation.shared_prefix import Checkpoints, SharedPrefixes  #
 from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
 from longcontext import parse_length  # noqa: E402
 
-READERS = ("backbone", "infllm")
+READERS = ("backbone", "yarn", "infllm")
 DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
 
 
@@ -90,6 +94,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=65536, help="tokens between checkpoints (whole segments)")
     p.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     return p
+
+
+def yarn_backbone(base: torch.nn.Module, length: int, context: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A copy of `base` whose RoPE is transformers' YaRN (`rope_type="yarn"`) scaled from its trained `context` to
+    `length` tokens (factor `length / context`, at least 1), and the `rope_parameters` it runs with: the copy's
+    config carries them, and every rotary embedding module is rebuilt from that config, as `from_pretrained` with
+    those `rope_parameters` builds it."""
+    model = copy.deepcopy(base)
+    config = model.config
+    factor = max(1.0, length / context)
+    config.rope_parameters = {
+        **config.rope_parameters,
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": context,
+    }
+    config.max_position_embeddings = max(context, length)
+    device = next(base.parameters()).device
+    for name, module in list(model.named_modules()):
+        if hasattr(module, "rope_type") and hasattr(module, "inv_freq"):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, type(module)(config).to(device))
+    return model.eval(), dict(config.rope_parameters)
 
 
 def sample_key(reader: str, task: str, length: int, kwargs: dict, sample: Any) -> tuple:
@@ -177,6 +204,8 @@ def main() -> None:
     fields = dict(args.infllm_fields)
     readers, configs = [], {}
     for name in args.readers:
+        if name == "yarn":
+            continue  # built per length (`yarn_backbone`)
         if name == "backbone":
             readers.append(Reader("backbone", base, window=context))
             configs["backbone"] = {"context": context}
@@ -190,6 +219,10 @@ def main() -> None:
     commit = provenance()["git_commit"]
     machine = provenance()["machine"]
     for length in args.lengths:
+        if "yarn" in args.readers:
+            yarn, rope = yarn_backbone(base, length, context)
+            readers = [r for r in readers if r.name != "yarn"] + [Reader("yarn", yarn, window=None)]
+            configs["yarn"] = {"context": context, "rope_parameters": rope}
         for task in args.tasks:
             samples = []
             seeds = args.seeds or [args.seed + i for i in range(args.samples)]
