@@ -29,7 +29,7 @@ INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
 # before the tail away, and SmolLM2-135M did not read it at 4096 (docs/infllm.md, "The default reader").
 ORDERED_WINDOW = 2048
 # InfLLM as published (§3.2, §4.1): ranked blocks alone, at distance W, ranked anew for every decoded token.
-# The defaults before format 3 (docs/infllm.md, "The default reader"), less `keep_question_blocks`.
+# The defaults until 2026-12-03 less `keep_question_blocks` (docs/infllm.md, "The default reader").
 PAPER = dict(
     topk_blocks=16,
     match_blocks=0,
