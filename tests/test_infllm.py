@@ -50,6 +50,10 @@ SMALL = {
 }
 
 
+# the default reader's fields where InfLLM's differ (over `SMALL`: the defaults at its sizes)
+DEFAULT_READER = {name: getattr(ha.InfLLMConfig(), name) for name in PAPER}
+
+
 def backbone():
     return tiny_backbone("llama", max_position_embeddings=256).eval()
 
@@ -926,15 +930,7 @@ def test_one_kernel_read_gives_the_sliced_reads_logits_and_tokens(monkeypatch, p
     (`block_positions="ordered"`), a chunk's joint softmax runs as one SDPA call (`parts_attention`): the explicit
     sliced read's logits and greedy tokens, in a left-padded batch too (a query that sees no key gets a uniform
     row, as the explicit softmax gives it: no NaN)."""
-    model = wrap(
-        backbone(),
-        topk_blocks=0,
-        match_blocks=1,
-        match_score="tokens",
-        match_neighbours="both",
-        block_positions="ordered",
-        keep_question_blocks=False,
-    )
+    model = wrap(backbone(), **DEFAULT_READER)  # the defaults: no ranked block, ordered positions
     ids = random_ids(2, 230, seed=11)
     mask = torch.ones_like(ids)
     if padded:
