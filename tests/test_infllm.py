@@ -36,7 +36,7 @@ from tiny import (
     tiny_backbone,
 )
 
-# InfLLM's own reading (the defaults before format 3, `keep_question_blocks` on as they had it), small: the tests of
+# InfLLM's own reading (the defaults until 2026-12-03, `keep_question_blocks` on as they had it), small: the tests of
 # its mechanisms; the default reader's own are below (`test_the_default_reader_*`)
 SMALL = {
     **PAPER,
