@@ -11,6 +11,9 @@ Readers:
 - `yarn`: the bare backbone with transformers' YaRN RoPE scaling (`rope_parameters` `rope_type="yarn"`, factor = the
   prompt's length / `--context`, the trained context as `original_max_position_embeddings`) reading the whole prompt
   with full attention: what a user would try first to read past the trained context;
+- `llama_cpp`, `llama_cpp_yarn`: llama.cpp on the GGUF file the backbone comes from (`--model smollm2` only; needs
+  llama-cpp-python, see `benchmarks/llama_cpp_peer.py`), full attention over the same token ids, without and with
+  llama.cpp's YaRN scaled from `--context` to the prompt's length;
 - `infllm`: the bare backbone wrapped with `wrap_with_memory(base, "infllm", **--infllm-fields)` (no training);
   each record also holds, per layer, whether every needle's block was among the blocks retrieved at the question
   (recall@k, `recall`), and the number of blocks in memory.
@@ -41,9 +44,11 @@ from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.records import append_record, load_records, markdown_tables, record_key  # noqa: E402
 from hmt_adapters.evaluation.shared_prefix import Checkpoints, SharedPrefixes  # noqa: E402
 from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
+from llama_cpp_peer import READERS as LLAMA_CPP_READERS  # noqa: E402
+from llama_cpp_peer import llama_cpp_config, llama_cpp_reader  # noqa: E402
 from longcontext import parse_length  # noqa: E402
 
-READERS = ("backbone", "yarn", "infllm")
+READERS = ("backbone", "yarn", *LLAMA_CPP_READERS, "infllm")
 DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
 
 
@@ -194,6 +199,11 @@ def main() -> None:
         raise SystemExit(f"{args.out} exists: pass --update to add samples to it, or choose another --out.")
     if args.checkpoint_dir is not None and args.no_shared_prefix:
         raise SystemExit("--checkpoint-dir saves states on the shared-prefix path: drop --no-shared-prefix to use it.")
+    if set(args.readers) & set(LLAMA_CPP_READERS) and (args.model != "smollm2" or args.device != "cpu"):
+        raise SystemExit(
+            f"--readers {' '.join(LLAMA_CPP_READERS)} read SmolLM2's GGUF file on the CPU: they need --model smollm2 "
+            f"and --device cpu, got --model {args.model} --device {args.device}."
+        )
     checkpoints = Checkpoints(args.checkpoint_dir, args.checkpoint_every) if args.checkpoint_dir else None
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -204,8 +214,8 @@ def main() -> None:
     fields = dict(args.infllm_fields)
     readers, configs = [], {}
     for name in args.readers:
-        if name == "yarn":
-            continue  # built per length (`yarn_backbone`)
+        if name == "yarn" or name in LLAMA_CPP_READERS:
+            continue  # built per length (`yarn_backbone`, `llama_cpp_reader`)
         if name == "backbone":
             readers.append(Reader("backbone", base, window=context))
             configs["backbone"] = {"context": context}
@@ -223,6 +233,14 @@ def main() -> None:
             yarn, rope = yarn_backbone(base, length, context)
             readers = [r for r in readers if r.name != "yarn"] + [Reader("yarn", yarn, window=None)]
             configs["yarn"] = {"context": context, "rope_parameters": rope}
+        for name in LLAMA_CPP_READERS:
+            if name in args.readers:
+                for old in [r for r in readers if r.name == name]:
+                    old.close()
+                readers = [r for r in readers if r.name != name] + [
+                    llama_cpp_reader(name, length, context, args.threads or 1)
+                ]
+                configs[name] = llama_cpp_config(name, length, context)
         for task in args.tasks:
             samples = []
             seeds = args.seeds or [args.seed + i for i in range(args.samples)]

@@ -328,6 +328,54 @@ def infllm_cost() -> str | None:
     return cost_and_recall(rows) if rows else None
 
 
+# The readers beside llama.cpp in docs/cost.md's answers table: what a user would try instead, and the default.
+PEER_READERS = ("backbone", "yarn", "llama_cpp", "llama_cpp_yarn", "infllm", *DEFAULT_BEFORE)
+
+
+def llama_cpp_peer() -> str | None:
+    """llama.cpp on the same GGUF (`benchmarks/llama_cpp_peer.py`): CPU seconds per 1k tokens beside the bare model
+    and the default reader in one run, then the answers of every peer reader past the trained context
+    (`benchmarks/infllm.py`, the same prompts)."""
+    from hmt_adapters.evaluation.records import markdown_tables
+
+    data = load("llama_cpp_peer")
+    if data is None:
+        return None
+    lengths = list(data["lengths"])
+    names = list(data["lengths"][lengths[0]])
+    bare = {n: data["lengths"][n]["bare float32"]["best"] for n in lengths}
+    lines = [
+        f"`{data['command']}` (llama-cpp-python {data['llama_cpp_python']}, `{data['gguf']}`; {data['threads']} "
+        f"thread; process CPU seconds per 1k prompt tokens, the least of {data['rounds']} interleaved rounds; in "
+        "brackets: against the bare model in float32 at that length):",
+        "",
+        "| reader | " + " | ".join(f"{int(n) // 1024}k prompt" for n in lengths) + " |",
+        "|---" * (len(lengths) + 1) + "|",
+    ]
+    for name in names:
+        cells = [data["lengths"][n][name]["best"] for n in lengths]
+        lines.append(
+            f"| {name} | " + " | ".join(f"{c:.2f} ({c / bare[n]:.2f}x)" for c, n in zip(cells, lengths)) + " |"
+        )
+    rows = [
+        {**r, "reader": DEFAULT_BEFORE.get(r["reader"], r["reader"])}
+        for r in infllm_rows()
+        if r["reader"] in PEER_READERS and r.get("dtype", "float32") == "float32" and r["length"] > 8192
+    ]
+    tasks = {r["task"] for r in rows if r["reader"] in ("yarn", "llama_cpp", "llama_cpp_yarn")}
+    rows = [r for r in rows if r["task"] in tasks]
+    if rows:
+        lines += [
+            "",
+            "Answers past the trained 8k context on the same prompts (`benchmarks/infllm.py`; `yarn`: transformers' "
+            "YaRN on the torch model; `infllm`: the default reader, with the rows of its configuration measured "
+            "before it was the default):",
+            "",
+            markdown_tables(rows).rstrip(),
+        ]
+    return "\n".join(lines)
+
+
 def infllm_store() -> str | None:
     """The store dtype's cost on a real document (`benchmarks/infllm_store.py`)."""
     data = load("infllm_store")
@@ -838,6 +886,7 @@ SECTIONS = {
     "lm-eval-ruler": lm_eval_ruler,
     "infllm-cost": infllm_cost,
     "infllm-store": infllm_store,
+    "llama-cpp-peer": llama_cpp_peer,
     "support-matrix": support_matrix,
     "demo-results": demo,
     "recall": recall,
