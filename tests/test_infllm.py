@@ -93,7 +93,7 @@ def test_no_trainable_parameters_and_a_document_past_the_window_streams():
     assert 8 + blocks * 8 + state.tensors["tail.valid"].shape[1] == 288
 
 
-@pytest.mark.parametrize("positions", ["window", "ordered"])
+@pytest.mark.parametrize("positions", ["window", "ordered", "question"])
 def test_training_through_the_backbone_gives_the_logits_of_reading_and_gradients_to_it(positions):
     """With gradients the joint softmax is autograd's over the parts' concatenation; without, the parts' logits share
     one buffer normalised in place (`InfLLM._probabilities`): the same logits, past the window (blocks retrieved)."""
@@ -483,7 +483,7 @@ def test_decoding_steps_keep_the_blocks_the_question_retrieved(length):
     assert wrap(backbone()).memory_config.keep_question_blocks  # on by default (docs/infllm.md)
 
 
-@pytest.mark.parametrize("positions", ["window", "ordered"])
+@pytest.mark.parametrize("positions", ["window", "ordered", "question"])
 def test_decoding_with_every_block_kept_reads_what_infllms_decoding_reads(positions):
     """With every block retrieved, a decoding step that keeps the question's blocks (read as their own part of the
     softmax, gathered once per question) reads the same keys as one that ranks its own: the same logits."""
@@ -1100,3 +1100,41 @@ def test_every_attention_family_is_its_bare_self_inside_the_window_and_reads_blo
     with torch.no_grad():
         got, full = ordered(input_ids=long[:, :56]).logits, base(input_ids=long[:, :56]).logits
     torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["ordered", "question"])
+def test_the_question_chunk_reads_exactly_the_view_its_block_positions_lay_out(positions):
+    """A one-layer model's keys and values do not depend on context, so the chunk that ends a document reads
+    exactly what the bare model reads over the tokens it sees laid out at contiguous positions: `"ordered"`: sinks,
+    the retrieved blocks, the tail, the chunk; `"question"`: sinks, tail, blocks, chunk. So does the first decoding
+    step after that chunk closed, with the blocks still just before the question's chunk (now the tail's end)."""
+    base = tiny_backbone("llama", max_position_embeddings=512, num_hidden_layers=1).eval()
+    model = wrap(base, **{**DEFAULT_READER, "block_positions": positions, "match_queries": 8})
+    ids = random_ids(1, 160, seed=3)
+    ids[0, 40:48] = ids[0, -8:]  # the question's last words, in block 4 (tokens 40-47): blocks 3-5 are retrieved
+    prompt, sinks, block, chunk = ids[0].tolist(), 8, 8, 16
+
+    def seen(call: dict, question: int, new: list[int]) -> torch.Tensor:
+        """The tokens `call` read laid out as `positions` does; the tail's last `question` are the question's."""
+        assert call["selected"][0] == [3, 4, 5]  # the matched block with both neighbours
+        blocks = [t for b in call["selected"][0] for t in prompt[sinks + b * block : sinks + (b + 1) * block]]
+        tail = prompt[call["local_from"] :]
+        cut = len(tail) - question
+        if positions == "ordered":
+            return torch.tensor([prompt[:sinks] + blocks + tail + new])
+        return torch.tensor([prompt[:sinks] + tail[:cut] + blocks + tail[cut:] + new])
+
+    with torch.no_grad():
+        model.memory.trace = {}
+        got = model(input_ids=ids).logits[0, -chunk:]
+        call = next(c for c in model.memory.trace[0] if c["end"] == len(prompt))
+        last = prompt[-chunk:]  # the question's chunk is the call: the tail ends before it
+        prompt_before, prompt = prompt, prompt[:-chunk]
+        want = base(seen(call, 0, last)).logits[0, -chunk:]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        prompt = prompt_before
+        _, state = model.step(ids)
+        model.memory.trace = {}
+        step = model.step(torch.tensor([[5]]), state)[0].logits[0, -1]
+        call = model.memory.trace[0][-1]
+        torch.testing.assert_close(step, base(seen(call, chunk, [5])).logits[0, -1], atol=1e-5, rtol=1e-5)

@@ -20,7 +20,7 @@ from ...config import MemoryConfig
 
 STORE_DTYPES = ("float32", "bfloat16", "float16", "int8")
 SELECT_PER = ("layer", "kv_head")
-BLOCK_POSITIONS = ("window", "ordered")
+BLOCK_POSITIONS = ("window", "ordered", "question")
 MATCH_SCORES = ("attention", "tokens")
 MATCH_NEIGHBOURS = ("after", "both")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
@@ -137,6 +137,9 @@ class InfLLMConfig(MemoryConfig):
             before the local tail, as if the document were those tokens followed by the window; a passage cut at
             the window's edge then reads in order across the cut (docs/infllm.md, "Block positions"). Distances
             grow by the tokens read, so `window` + ... + the retrieved tokens must fit the backbone's context.
+            `"question"`: as `"ordered"`, but the retrieved blocks sit just before the chunk that ranked them (the
+            question's, while its answer is decoded), the older tail before them: the evidence nearest the
+            question, the window's text further away (docs/infllm.md, "Block positions").
     """
 
     segment_length: int = field(default=512, metadata={"help": "Execution chunk (tokens per call).", "min": 1})
@@ -290,7 +293,7 @@ class InfLLMConfig(MemoryConfig):
         context = max_positions or 2 * INFLLM_WINDOW
         if self.window is not None:
             window = self.window
-        elif self.block_positions == "ordered":
+        elif self.block_positions in ("ordered", "question"):
             window = max(1, min(ORDERED_WINDOW, context // 4))
         else:
             window = max(1, min(INFLLM_WINDOW, context // 2))
@@ -309,15 +312,15 @@ class InfLLMConfig(MemoryConfig):
                 f"({self.segment_length}) = {span} exceeds the backbone's {max_positions} positions: local keys would "
                 f"be read at distances it was not trained on; lower `window` or `segment_length`."
             )
-        if self.block_positions == "ordered" and max_positions is not None:
+        if self.block_positions in ("ordered", "question") and max_positions is not None:
             # a decoding step with `keep_question_blocks` reads its own blocks and the question's (`InfLLM._kept`)
             matched = self.match_blocks * self.blocks_per_match
             blocks = (self.topk_blocks + matched) * (2 if self.keep_question_blocks else 1)
             ordered = span + sinks + blocks * block
             if ordered > max_positions:
                 raise ValueError(
-                    f"block_positions='ordered' puts sink_tokens ({sinks}) + up to {blocks} blocks of {block} "
-                    f"tokens (topk_blocks {self.topk_blocks} + {matched} matched"
+                    f"block_positions={self.block_positions!r} puts sink_tokens ({sinks}) + up to {blocks} blocks "
+                    f"of {block} tokens (topk_blocks {self.topk_blocks} + {matched} matched"
                     f"{', twice with keep_question_blocks' if self.keep_question_blocks else ''}) before the local "
                     f"span ({span}): {ordered} positions, past the backbone's {max_positions}; lower `topk_blocks` "
                     "or `window`, or use block_positions='window'."

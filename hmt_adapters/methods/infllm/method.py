@@ -8,6 +8,7 @@ Per memory layer and execution chunk (one segment, `segment_length` tokens; docs
   the same distance W = `window` (the query rotated by W, the stored pre-RoPE keys at position 0, InfLLM's
   `apply_rotary_pos_emb_one_angle(global_q, n_local)`), so RoPE never leaves its trained range; or, with
   `block_positions="ordered"` (beyond InfLLM), in document order at their own positions just before the tail;
+  with `"question"`, the blocks just before the chunk that ranked them (docs/infllm.md, "Block positions");
 - one softmax over both parts (§3.1, eq. 1).
 A token's representative score is the attention it received from the queries of every chunk while it was local
 (InfLLM's released `local_score`; §3.2 writes the same idea with raw dot products). When the tail reaches past the
@@ -17,7 +18,8 @@ representative key per query head: the mean of its `representative_keys` top-sco
 State (a flat dict, never mutated): `tail.k.{i}`/`tail.v.{i}` `[B, Hkv, R, D]` pre-RoPE K/V of the uncut tokens,
 `tail.score.{i}` `[B, Hq, R]`, `tail.valid` `[B, R]`; `sink.*` the sinks once they left the window; per block b
 `block.k.{i}.{b}`/`block.v.{i}.{b}` `[B, Hkv, block, D]` and `block.valid.{b}`; `repr.{i}` `[B, Hq, blocks, D]`;
-with `match_score="tokens"`, `tail.ids` `[B, R]` and `block.ids.{b}` `[B, block]`, the tokens' ids.
+with `match_score="tokens"`, `tail.ids` `[B, R]` and `block.ids.{b}` `[B, block]`, the tokens' ids; the last
+question call's blocks `match` and the stream position where its chunk began, `match.at` `[1]`.
 Blocks are separate entries, so a new chunk adds entries and copies nothing old: the cost per chunk is flat in
 document length except the block scoring, one small matmul over the representatives.
 """
@@ -36,6 +38,7 @@ from .block_pages import BlockPages
 from .config import InfLLMConfig
 
 MATCH_NOTE = "match"  # the call's question-aware blocks, handed from `match_layer` to later layers and `update`
+QUESTION_NOTE = "match.question"  # whether this segment's call ranked them afresh (a question call)
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # int8: quantized
 # one part of a joint softmax: keys, values `[B, Hkv, n, D]` and visibility `[B, 1|Hq, 1|q, n]` (None: all visible)
 Part = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -134,7 +137,7 @@ class InfLLM(MemoryMethod):
         b = self.backbone
         want: tuple[int, ...]
         kept = {f"keep.{i}" for i in self.layers}
-        for name in sorted(set(tensors) - set(own) - {"match"} - kept):
+        for name in sorted(set(tensors) - set(own) - {"match", "match.at"} - kept):
             parts = name.split(".")
             if parts[0] == "block" and parts[1] in ("valid", "ids") and len(parts) == 3 and parts[2].isdigit():
                 index, want = int(parts[2]), (self.block,)
@@ -397,6 +400,21 @@ class InfLLM(MemoryMethod):
                 at = torch.arange(-tail_len - count, -tail_len, device=query.device)
                 g_k = context.rotate_at(g_k, at.expand(g_k.shape[0], count), query)
                 query_global = query
+            elif self.config.block_positions == "question":  # docs/infllm.md, "Block positions"
+                # the sinks before the tail, the blocks (in document order) just before the question's chunk: the
+                # tail's tokens older than that chunk move back by the blocks' length
+                count, sinks = g_k.shape[2], state["sink.valid"].shape[1]
+                placed, recent = count - sinks, self._question_tokens(state, question, tail_len)
+                at = torch.cat(
+                    [
+                        torch.arange(-tail_len - placed - sinks, -tail_len - placed, device=query.device),
+                        torch.arange(-recent - placed, -recent, device=query.device),
+                    ]
+                )
+                g_k = context.rotate_at(g_k, at.expand(g_k.shape[0], count), query)
+                shifted = self._rotated_tail(layer, state, context, query, shift=placed, recent=recent)
+                local_parts[0] = (shifted, *local_parts[0][1:])
+                query_global = query
             global_part = (g_k, g_v.to(dtype), g_mask)
         global_parts = [part for part in (kept_part, global_part) if part is not None]
         softcap = call.kwargs.get("softcap")
@@ -519,17 +537,36 @@ class InfLLM(MemoryMethod):
         hit = cache.get(layer)
         return hit[2] if hit is not None and hit[0] is source and hit[1] == key else None
 
-    def _rotated_tail(self, layer: int, state: State, context: AttentionContext, query: torch.Tensor) -> torch.Tensor:
+    def _question_tokens(self, state: State, question: bool, tail_len: int) -> int:
+        """How many of the tail's last tokens belong to the question's chunk (`block_positions="question"`): none
+        on the question's own call (the chunk is the call), else those from the last question call's first token
+        on (`match.at`, its stream position), at most the whole tail."""
+        if question or "match.at" not in state:
+            return 0
+        return max(0, min(tail_len, self.stored(state) - int(state["match.at"][0])))
+
+    def _rotated_tail(
+        self,
+        layer: int,
+        state: State,
+        context: AttentionContext,
+        query: torch.Tensor,
+        shift: int = 0,
+        recent: int = 0,
+    ) -> torch.Tensor:
         """The tail's keys rotated at their true positions relative to the chunk's window (it starts at window
-        position 0), once per state and layer: every decoding step from one state reads the same tail, and rotating
-        the whole window again for each generated token was most of a decoded token's cost."""
+        position 0), all but the last `recent` moved back by `shift` (`block_positions="question"`), once per
+        state, layer and layout: every decoding step from one state reads the same tail, and rotating the whole
+        window again for each generated token was most of a decoded token's cost."""
         tail_k = state[f"tail.k.{layer}"]
         stored, tail_len = self.stored(state), tail_k.shape[2]
-        key = (tail_k._version, stored, query.dtype, query.device, query.shape[0])
+        key = (tail_k._version, stored, query.dtype, query.device, query.shape[0], shift, recent)
         hit = self._cached(self._tail_cache, layer, tail_k, key)
         if hit is not None:
             return hit
         tail_pos = torch.arange(stored - tail_len, stored, device=query.device) - stored
+        if shift:
+            tail_pos[: tail_len - recent] -= shift
         rotated = context.rotate_at(tail_k.to(query.dtype), tail_pos.expand(query.shape[0], tail_len), query)
         if not rotated.requires_grad:  # a tail in a graph (training through the backbone) is not kept across calls
             self._tail_cache[layer] = (tail_k, key, rotated)
@@ -604,6 +641,7 @@ class InfLLM(MemoryMethod):
         by the ids of `segment` and of the tail before it (the last `match_queries` real ones)."""
         if layer == self.match_layer:
             if question or (MATCH_NOTE not in context.notes and "match" not in state):  # or nothing to reuse
+                context.notes[QUESTION_NOTE] = question
                 if self.config.match_score == "tokens":
                     assert segment is not None  # `_question_call` raised without one
                     ids, mask = segment.ids, segment.mask.bool()
@@ -682,6 +720,8 @@ class InfLLM(MemoryMethod):
             out[f"tail.score.{i}"] = torch.cat([score, received_own.detach().float()], dim=2)
         if MATCH_NOTE in context.notes:  # the blocks this segment matched stay the decoding steps' (see `_matched`)
             out["match"] = context.notes[MATCH_NOTE]
+        if self.config.block_positions == "question" and context.notes.get(QUESTION_NOTE):  # `_question_tokens`
+            out["match.at"] = torch.tensor([self.stored(state)], device=state["seen"].device)
         for i in self.layers:  # and the blocks it retrieved, with `keep_question_blocks` (see `_question_call`)
             if f"keep.{i}" in context.notes:
                 out[f"keep.{i}"] = context.notes[f"keep.{i}"]
