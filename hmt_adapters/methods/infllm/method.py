@@ -361,12 +361,14 @@ class InfLLM(MemoryMethod):
         tail_k, tail_v = state[f"tail.k.{layer}"], state[f"tail.v.{layer}"]
         tail_valid = state["tail.valid"]
         tail_len = tail_k.shape[2]
-        tail_rot = self._rotated_tail(layer, state, context, query)
+        # with `block_positions="question"` the tail's positions depend on the blocks read: rotated below, once
+        question_positions = self.config.block_positions == "question"
+        tail_rot = None if question_positions else self._rotated_tail(layer, state, context, query)
         own = local_visibility(call.attention_mask, q_len, call.key.shape[2], query.device)  # [B|1, 1|Hq, q, k]
         # key parts (keys, values, visibility [B, 1|Hq, 1|q, n] or None where every query sees every key) of one
         # softmax: global (sinks + retrieved blocks, read by the query rotated by W), then tail and own (local)
-        tail = (tail_rot, tail_v.to(dtype), self._tail_visibility(tail_valid, call, q_len))
-        local_parts = [tail, (call.key, call.value, None if bool(own.all()) else own)]
+        tail_rest = (tail_v.to(dtype), self._tail_visibility(tail_valid, call, q_len))
+        own_part: Part = (call.key, call.value, None if bool(own.all()) else own)
         has_blocks = num_blocks(state, layer) > 0
         chosen, query_global, global_part, kept_part = None, None, None, None
         if state["sink.valid"].shape[1] or has_blocks:
@@ -412,10 +414,12 @@ class InfLLM(MemoryMethod):
                     ]
                 )
                 g_k = context.rotate_at(g_k, at.expand(g_k.shape[0], count), query)
-                shifted = self._rotated_tail(layer, state, context, query, shift=placed, recent=recent)
-                local_parts[0] = (shifted, *local_parts[0][1:])
+                tail_rot = self._rotated_tail(layer, state, context, query, shift=placed, recent=recent)
                 query_global = query
             global_part = (g_k, g_v.to(dtype), g_mask)
+        if tail_rot is None:  # `"question"` positions and no block read: the tail where it is
+            tail_rot = self._rotated_tail(layer, state, context, query)
+        local_parts: list[Part] = [(tail_rot, *tail_rest), own_part]
         global_parts = [part for part in (kept_part, global_part) if part is not None]
         softcap = call.kwargs.get("softcap")
         received_needed = layer in context.record_layers and self.ranks_blocks
