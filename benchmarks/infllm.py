@@ -49,6 +49,7 @@ from llama_cpp_peer import llama_cpp_config, llama_cpp_reader  # noqa: E402
 from longcontext import parse_length  # noqa: E402
 
 READERS = ("backbone", "yarn", *LLAMA_CPP_READERS, "infllm")
+DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # `--depths`: sample i of a cell has depth DEPTHS[i % 5]
 DEFAULT_OUT = "benchmarks/results/infllm.jsonl"
 
 
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", nargs="+", default=["niah_single_noise", "passkey_standard"], choices=sorted(TASKS))
     p.add_argument("--lengths", nargs="+", type=parse_length, default=[8192])
     p.add_argument("--samples", type=int, default=5, help="samples per (reader, task, length) cell")
-    p.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--depths", nargs="+", type=float, default=list(DEPTHS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--seeds",

@@ -30,9 +30,8 @@ from hmt_adapters.evaluation import TASKS, Reader, score  # noqa: E402
 from hmt_adapters.evaluation.harness import load_backbone  # noqa: E402
 from hmt_adapters.evaluation.samples import Sample  # noqa: E402
 from hmt_adapters.evaluation.tasks import SINGLE_NEEDLE_TASKS  # noqa: E402
+from infllm import DEPTHS  # noqa: E402  (seed s reads the prompt benchmarks/infllm.py's seed s reads)
 from longcontext import parse_length  # noqa: E402
-
-DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # benchmarks/infllm.py's: seed s has depth DEPTHS[s % 5]
 
 
 def question_view(sample: Sample, window: int, sinks: int, block: int, chunk: int, view: str = "ordered") -> list[int]:

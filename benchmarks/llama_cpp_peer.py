@@ -53,15 +53,21 @@ def gguf_path() -> str:
     return os.path.join(folder, name)
 
 
-def load_llama(n_ctx: int, threads: int, yarn_context: int | None = None, flash_attn: bool = False) -> Any:
-    """A `llama_cpp.Llama` over the SmolLM2 GGUF with `n_ctx` positions and `threads` threads (prompt and decode);
-    `yarn_context`: YaRN RoPE scaling from that trained context to `n_ctx` (llama.cpp's `--rope-scaling yarn`)."""
+def llama_cpp_module() -> Any:
+    """The `llama_cpp` module, or a `SystemExit` saying how to install it."""
     try:
         import llama_cpp
     except ImportError as error:
         raise SystemExit(
             f"llama.cpp readers need llama-cpp-python, which is not installed ({error}): {INSTALL}"
         ) from error
+    return llama_cpp
+
+
+def load_llama(n_ctx: int, threads: int, yarn_context: int | None = None, flash_attn: bool = False) -> Any:
+    """A `llama_cpp.Llama` over the SmolLM2 GGUF with `n_ctx` positions and `threads` threads (prompt and decode);
+    `yarn_context`: YaRN RoPE scaling from that trained context to `n_ctx` (llama.cpp's `--rope-scaling yarn`)."""
+    llama_cpp = llama_cpp_module()
     scaling: dict[str, Any] = {}
     if yarn_context is not None:
         scaling = {
@@ -113,12 +119,10 @@ def llama_cpp_reader(name: str, length: int, context: int, threads: int, max_new
 
 def llama_cpp_config(name: str, length: int, context: int) -> dict[str, Any]:
     """What a llama.cpp reader's records say about it: the file, the context, the RoPE scaling."""
-    import llama_cpp
-
     scaled = name == "llama_cpp_yarn" and length > context
     return {
         "gguf": os.path.basename(gguf_path()),
-        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_python": llama_cpp_module().__version__,
         "context": context,
         "rope_scaling": {"type": "yarn", "factor": length / context, "original_context": context} if scaled else None,
     }
@@ -178,6 +182,7 @@ def main() -> None:
         "gguf": os.path.basename(gguf_path()),
         "threads": args.threads,
         "rounds": args.rounds,
+        "llama_cpp_python": llama_cpp_module().__version__,
         "reader_config": readers["float32"].memory_config.to_dict(),
         "command": " ".join(sys.argv),
         "lengths": {},
@@ -186,7 +191,6 @@ def main() -> None:
         prompt = ids[None, :length]
         tokens = prompt[0].tolist()
         llamas = {flash: load_llama(length + 16, args.threads, flash_attn=flash) for flash in (False, True)}
-        result["llama_cpp_python"] = llama_cpp_config("llama_cpp", length, length)["llama_cpp_python"]
 
         runs = {
             "llama.cpp": partial(llama_read, llamas[False], tokens),

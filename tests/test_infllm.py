@@ -1114,11 +1114,12 @@ def test_the_question_chunk_reads_exactly_the_view_its_block_positions_lay_out(p
     ids[0, 40:48] = ids[0, -8:]  # the question's last words, in block 4 (tokens 40-47): blocks 3-5 are retrieved
     prompt, sinks, block, chunk = ids[0].tolist(), 8, 8, 16
 
-    def seen(call: dict, question: int, new: list[int]) -> torch.Tensor:
-        """The tokens `call` read laid out as `positions` does; the tail's last `question` are the question's."""
+    def seen(call: dict, tail_end: int, question: int, new: list[int]) -> torch.Tensor:
+        """The tokens `call` read laid out as `positions` does: its tail ends at `tail_end`, whose last `question`
+        tokens are the question's, then the call's own `new` tokens."""
         assert call["selected"][0] == [3, 4, 5]  # the matched block with both neighbours
         blocks = [t for b in call["selected"][0] for t in prompt[sinks + b * block : sinks + (b + 1) * block]]
-        tail = prompt[call["local_from"] :]
+        tail = prompt[call["local_from"] : tail_end]
         cut = len(tail) - question
         if positions == "ordered":
             return torch.tensor([prompt[:sinks] + blocks + tail + new])
@@ -1128,13 +1129,12 @@ def test_the_question_chunk_reads_exactly_the_view_its_block_positions_lay_out(p
         model.memory.trace = {}
         got = model(input_ids=ids).logits[0, -chunk:]
         call = next(c for c in model.memory.trace[0] if c["end"] == len(prompt))
-        last = prompt[-chunk:]  # the question's chunk is the call: the tail ends before it
-        prompt_before, prompt = prompt, prompt[:-chunk]
-        want = base(seen(call, 0, last)).logits[0, -chunk:]
+        # the question's chunk is the call itself: the tail ends before it
+        want = base(seen(call, len(prompt) - chunk, 0, prompt[-chunk:])).logits[0, -chunk:]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        prompt = prompt_before
         _, state = model.step(ids)
         model.memory.trace = {}
         step = model.step(torch.tensor([[5]]), state)[0].logits[0, -1]
         call = model.memory.trace[0][-1]
-        torch.testing.assert_close(step, base(seen(call, chunk, [5])).logits[0, -1], atol=1e-5, rtol=1e-5)
+        want = base(seen(call, len(prompt), chunk, [5])).logits[0, -1]
+        torch.testing.assert_close(step, want, atol=1e-5, rtol=1e-5)
