@@ -296,6 +296,15 @@ def as_run(config: dict, absent: dict) -> dict:
     return config
 
 
+def resolved_window(config: dict) -> int:
+    """The local window a record's or the defaults' InfLLM fields read on SmolLM2 (`None` scales with the block
+    positions)."""
+    import hmt_adapters as ha
+
+    fields = {k: config[k] for k in ("window", "block_positions") if k in config}
+    return ha.InfLLMConfig(**fields).resolved(SMOLLM2_CONTEXT)[0]
+
+
 def variant_fields(rows: list[dict]) -> dict[str, str]:
     """For each memory reader other than `infllm`, the config fields its records differ in from the defaults (a
     `store_disk` directory by what it does, not its path) and the weights' dtype where not fp32."""
@@ -308,6 +317,9 @@ def variant_fields(rows: list[dict]) -> dict[str, str]:
             continue
         config = as_run(row["config"], absent)
         changed = {k: v for k, v in config.items() if k in defaults and defaults[k] != v}
+        window = resolved_window(config)
+        if "window" not in changed and window != resolved_window(defaults):  # `None` read another window then
+            changed["window"] = window
         fields = (
             ", ".join(
                 "`store_disk` (blocks in memory-mapped files)" if k == "store_disk" else f"`{k}={v!r}`"  # a local path
