@@ -21,7 +21,7 @@ from hmt_adapters.evaluation import (
     make_samples,
     score,
 )
-from hmt_adapters.evaluation.tasks import PASSKEY_HEAD, passkey, qa, variable_tracking
+from hmt_adapters.evaluation.tasks import PASSKEY_HEAD, passkey, passkey_update, qa, variable_tracking
 from hmt_adapters.training import token_nll
 from tiny import tiny_llama, tiny_tokenizer
 
@@ -128,6 +128,18 @@ def test_variable_tracking_chain_is_in_order():
     names = sample.answers
     assert sample.inserts[0].text == f"VAR {names[0]} = {sample.query}."
     assert [i.text for i in sample.inserts[1:]] == [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])]
+
+
+def test_passkey_update_asks_for_the_last_key_set():
+    tok = tiny_tokenizer()
+    sample = passkey_update(tok, 1500, seed=2, updates=3)
+    keys = [*sample.extra["stale"], sample.answers[0]]
+    assert len(set(keys)) == 3 and [i.depth for i in sample.inserts] == sorted(i.depth for i in sample.inserts)
+    assert sample.inserts[0].text.startswith(f"The pass key is {keys[0]}.")
+    assert [i.text.split(" is now ")[1].split(".")[0] for i in sample.inserts[1:]] == keys[1:]
+    assert tok.decode(sample.input_ids).endswith("What is the pass key now? The pass key is")
+    with pytest.raises(ValueError, match="updates"):
+        passkey_update(tok, 1500, updates=0)
 
 
 def test_bad_arguments_name_the_allowed_values():

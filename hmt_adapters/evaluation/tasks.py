@@ -4,6 +4,8 @@
   over the essay haystack it is harder than the standard form;
 - `passkey_standard`: the same task in the anchors' exact form (Landmark Attention's `run_test.py`, used by InfLLM):
   repeated noise "The grass is green. ...", "The pass key is X. Remember it. X is the pass key.";
+- `passkey_update`: the standard passkey changed at later depths, the current (last) key asked for: retrieval by
+  the question's words finds every statement alike, a memory written in order can overwrite;
 - `niah_single_noise`: RULER's niah_single_1, the single needle in the same repeated noise;
 - `niah_single`, `niah_multikey`, `niah_multivalue`, `variable_tracking`: RULER's formats (Hsieh et al., 2024),
   with its templates, needle sentence and answer prefixes. They are generated here, not by lm-eval's RULER code:
@@ -197,6 +199,43 @@ def passkey_standard(
         answers=[key],
         query="pass key",
         extra={"metric": "first_number", "max_new_tokens": 8},
+    )
+
+
+def passkey_update(
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    *,
+    seed: int = 0,
+    depth: float | None = None,
+    updates: int = 3,
+    haystack: str = "repeat",
+) -> Sample:
+    """The standard passkey set, then changed `updates - 1` times at later random depths ("The pass key has changed.
+    The pass key is now X. ..."); the question asks for the current one, the last set. Every statement shares the
+    question's words, so a reader that retrieves by them finds the stale keys as readily as the current one; a
+    memory written in reading order can overwrite (ARMT's delta rule, Rodkin et al. 2024, §3). The earlier keys are
+    kept in `extra["stale"]` (an answer that names one read a stale statement)."""
+    if updates < 1:
+        raise ValueError(f"`updates` must be >= 1 (the statements of a key, the first included), got {updates}.")
+    rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
+    taken: set[str] = set()
+    keys = [_unique(lambda: str(rng.randint(1, 50000)), hay.text, taken) for _ in range(updates)]
+    first = f"The pass key is {keys[0]}. Remember it. {keys[0]} is the pass key."
+    later = [f"The pass key has changed. The pass key is now {k}. Remember it. {k} is the pass key." for k in keys[1:]]
+    needles = [Insert(t, d) for t, d in zip([first, *later], _depths(updates, rng, depth))]
+    return build_sample(
+        tokenizer,
+        hay,
+        length,
+        LANDMARK_PASSKEY_HEAD,
+        needles,
+        "\nWhat is the pass key now? The pass key is",
+        rng,
+        task="passkey_update",
+        answers=[keys[-1]],
+        query="pass key",
+        extra={"metric": "first_number", "max_new_tokens": 8, "stale": keys[:-1]},
     )
 
 
@@ -401,6 +440,7 @@ def qa(
 TASKS: dict[str, Callable[..., Sample]] = {
     "passkey": passkey,
     "passkey_standard": passkey_standard,
+    "passkey_update": passkey_update,
     "niah_single_noise": niah_single_noise,
     "niah_single": niah_single,
     "niah_multikey": niah_multikey,
