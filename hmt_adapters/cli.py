@@ -52,7 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--question", action="append", required=True, help="a question (repeatable: one read)")
     ask.add_argument("--state", metavar="DIR", help="keep the read in DIR and continue from it (same document)")
     ask.add_argument("--save-every", type=int, metavar="TOKENS", help="with --state: save every TOKENS tokens")
-    ask.add_argument("--dtype", choices=DTYPES, default="auto", help="the base model's weights (default: its own)")
+    ask.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the base model's weights (auto: its own, float32 weights read in bfloat16 where this CPU has fast "
+        "bfloat16, AMX or AVX512-BF16; --dtype float32 keeps them)",
+    )
     ask.add_argument("--max-new-tokens", type=int, default=32, help="the longest answer, in tokens (default 32)")
     ask.add_argument("--separator", default="\n", help="text between the document and each question (a newline)")
     commands.add_parser(
@@ -78,8 +84,41 @@ def parse_options(pairs: Sequence[str], flag: str = "--option") -> dict[str, Any
     return out
 
 
+def fast_bf16() -> str | None:
+    """The instruction set that makes bfloat16 matrix products faster than float32 on this CPU (Intel AMX, or
+    AVX512-BF16 as on recent AMD EPYC), or None where bfloat16 would be emulated (slower than float32)."""
+    import torch
+
+    if torch.cpu._is_amx_tile_supported():
+        return "AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return "AVX512-BF16"
+    return None
+
+
+def auto_dtype(model: Any) -> Any:
+    """`--dtype auto`: a float32 model on a CPU with fast bfloat16 (`fast_bf16`) cast to bfloat16, said once on
+    standard error with the way back (what bfloat16 costs and gains: docs/cost.md, "bfloat16 on the command
+    line")."""
+    import torch
+
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.dtype != torch.float32 or parameter.device.type != "cpu":
+        return model
+    feature = fast_bf16()
+    if feature is None:
+        return model
+    print(
+        f"hmt-adapters ask: reading in bfloat16 (this CPU has {feature}); --dtype float32 keeps the float32 weights.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return model.to(torch.bfloat16)
+
+
 def load(args: argparse.Namespace) -> Any:
-    """The memory model `ask` reads with: the adapter (onto its own base, or `--base`), or `--method` on `--base`."""
+    """The memory model `ask` reads with: the adapter (onto its own base, or `--base`), or `--method` on `--base`;
+    with `--dtype auto`, in bfloat16 where the CPU reads it faster (`auto_dtype`)."""
     import torch
 
     import hmt_adapters as ha
@@ -92,13 +131,13 @@ def load(args: argparse.Namespace) -> Any:
             raise SystemExit("hmt-adapters ask: --method needs --base, the model to wrap (e.g. --base smollm2).")
         model = ha.wrap_with_memory(load_base_model(args.base, dtype), args.method, **fields).eval()
         model.tokenizer = load_base_tokenizer(args.base)
-        return model
-    if args.base is not None:
+    elif args.base is not None:
         model = ha.MemoryModel.from_pretrained(load_base_model(args.base, dtype), args.adapter, inplace=True, **fields)
         if model.tokenizer is None:
             model.tokenizer = load_base_tokenizer(args.base)
-        return model
-    return ha.AutoMemoryModelForCausalLM.from_pretrained(args.adapter, dtype=dtype, **fields)
+    else:
+        model = ha.AutoMemoryModelForCausalLM.from_pretrained(args.adapter, dtype=dtype, **fields)
+    return auto_dtype(model) if args.dtype == "auto" else model
 
 
 def run_ask(args: argparse.Namespace) -> int:

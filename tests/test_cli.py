@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hmt_adapters as ha
+from hmt_adapters import cli
 from tiny import tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 
 def expected(folders) -> list[str]:
-    model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folders["adapter"]))
+    model = cli.auto_dtype(ha.AutoMemoryModelForCausalLM.from_pretrained(str(folders["adapter"])))  # as `--dtype auto`
     with torch.no_grad():
         return ha.ask(model, DOCUMENT, QUESTIONS, max_new_tokens=6)
 
@@ -94,3 +95,23 @@ def test_help_lists_ask_beside_lm_eval_and_the_console_script_is_declared():
     assert done.returncode == 0 and "ask" in done.stdout and "lm-eval" in done.stdout
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["hmt-adapters"] == "hmt_adapters.cli:main"
+
+
+@pytest.mark.parametrize("feature", ["AVX512-BF16", None])
+def test_auto_dtype_reads_in_bfloat16_only_where_the_cpu_is_fast_at_it(folders, monkeypatch, capsys, feature):
+    """`--dtype auto` (the default) casts float32 weights to bfloat16 where the CPU has fast bfloat16 and says so
+    once on standard error with the way back; elsewhere, and under `--dtype float32`, the weights stay float32."""
+    monkeypatch.setattr(cli, "fast_bf16", lambda: feature)
+    args = ["ask", "--adapter", str(folders["adapter"]), "--question", "q"]
+    auto = cli.load(cli.build_parser().parse_args(args))
+    told = capsys.readouterr().err
+    assert next(auto.parameters()).dtype == (torch.bfloat16 if feature else torch.float32)
+    if feature:
+        assert "reading in bfloat16" in told and feature in told and "--dtype float32" in told
+    else:
+        assert "bfloat16" not in told
+    kept = cli.load(cli.build_parser().parse_args([*args, "--dtype", "float32"]))
+    assert next(kept.parameters()).dtype == torch.float32 and "bfloat16" not in capsys.readouterr().err
+    if feature:  # the bfloat16 model answers (the reader's dtype follows the weights)
+        with torch.no_grad():
+            assert len(ha.ask(auto, DOCUMENT, QUESTIONS, max_new_tokens=3)) == 2
