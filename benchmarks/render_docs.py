@@ -95,14 +95,18 @@ def infllm_rows() -> list[dict]:
 # The readers of docs/infllm.md's headline tables: the bare model, the defaults (with the rows of the same
 # configuration measured before it was the default), InfLLM's ranking (the defaults until 2026-12-03) and the recipe
 # for look-alike needles; every other variant is in its other tables.
-HEADLINE_READERS = ("backbone", "infllm", "infllm-keep", "infllm-matched-both-ordered-2k", "infllm-matched-only-2k")
+HEADLINE_READERS = (
+    "backbone",
+    "infllm",
+    "infllm-w512",
+    "infllm-keep",
+    "infllm-matched-both-ordered-2k",
+    "infllm-matched-only-2k",
+)
 # Readers whose configuration is the defaults' on SmolLM2 (tests/test_infllm.py checks the recipe against them),
-# measured under their own names before it became the default on 2026-12-04; the README counts their rows as
-# `infllm`'s, a seed that `infllm` itself ran once, from `infllm`.
-DEFAULT_BEFORE = {
-    "infllm-matched-both-ordered-2k": "infllm",
-    "infllm-matched-both-ordered-2k-bf16-int8": "infllm-bf16",
-}
+# measured under their own names before it became the default (window 512 since 2026-12-05); the README counts their
+# rows as `infllm`'s, a seed that `infllm` itself ran once, from `infllm`.
+DEFAULT_BEFORE = {"infllm-w512": "infllm"}
 
 
 def infllm_headline() -> str | None:
@@ -137,9 +141,10 @@ HEADLINE_COLUMNS = (
     ("bare, 4k", "backbone", 4096),
     ("`infllm`, 32k", "infllm", 32768),
     ("`infllm`, 128k", "infllm", 131072),
-    ("`infllm` bf16 + int8 store, 1M", "infllm-bf16", 1048576),
+    ("window 2,048, 32k", "infllm-matched-both-ordered-2k", 32768),
+    ("window 2,048, 128k", "infllm-matched-both-ordered-2k", 131072),
+    ("window 2,048, bf16 + int8 store, 1M", "infllm-matched-both-ordered-2k-bf16-int8", 1048576),
     ("InfLLM's ranking, 32k", "infllm-keep", 32768),
-    ("InfLLM's ranking, 128k", "infllm-keep", 131072),
 )
 HEADLINE_TASKS = ("niah_single_noise", "passkey_standard", "niah_single", "niah_multikey")
 
@@ -283,25 +288,23 @@ SMOLLM2_CONTEXT = 8192
 
 def as_run(config: dict, absent: dict) -> dict:
     """A record's or a shipped file's InfLLM fields as they ran on SmolLM2 (every record's backbone): a field newer
-    than it with the value the package had then (`absent`), and a window or match layer written out as the value
-    `None` resolves to there written as `None`, so two configurations that read alike compare equal."""
-    import hmt_adapters as ha
-
+    than it with the value the package had then (`absent`), the window written out as what it read there (`None`
+    resolved by `max_window`, which then drops out: it only scales `None`) and a match layer 0 as `None`, so two
+    configurations that read alike compare equal."""
     config = {**absent, **config}
     if config.get("match_layer") == 0 and config.get("memory_layers") is None:
         config["match_layer"] = None  # the first memory layer
-    scaled = ha.InfLLMConfig(block_positions=config.get("block_positions", "ordered")).resolved(SMOLLM2_CONTEXT)
-    if config.get("window") == scaled[0]:
-        config["window"] = None
+    config["window"] = resolved_window(config)
+    config.pop("max_window", None)
     return config
 
 
 def resolved_window(config: dict) -> int:
     """The local window a record's or the defaults' InfLLM fields read on SmolLM2 (`None` scales with the block
-    positions)."""
+    positions, at most `max_window`)."""
     import hmt_adapters as ha
 
-    fields = {k: config[k] for k in ("window", "block_positions") if k in config}
+    fields = {k: config[k] for k in ("window", "block_positions", "max_window") if k in config}
     return ha.InfLLMConfig(**fields).resolved(SMOLLM2_CONTEXT)[0]
 
 
@@ -310,16 +313,14 @@ def variant_fields(rows: list[dict]) -> dict[str, str]:
     `store_disk` directory by what it does, not its path) and the weights' dtype where not fp32."""
     import hmt_adapters as ha
 
-    defaults, absent = ha.InfLLMConfig().to_dict(), ha.InfLLMConfig.absent_values()
+    absent = ha.InfLLMConfig.absent_values()
+    ran = as_run(ha.InfLLMConfig().to_dict(), {})
     out: dict[str, str] = {}
     for row in rows:
         if row["reader"] in ("backbone", "infllm") or row["reader"] in out or not row.get("config"):
             continue
         config = as_run(row["config"], absent)
-        changed = {k: v for k, v in config.items() if k in defaults and defaults[k] != v}
-        window = resolved_window(config)
-        if "window" not in changed and window != resolved_window(defaults):  # `None` read another window then
-            changed["window"] = window
+        changed = {k: v for k, v in config.items() if k in ran and ran[k] != v}
         fields = (
             ", ".join(
                 "`store_disk` (blocks in memory-mapped files)" if k == "store_disk" else f"`{k}={v!r}`"  # a local path
@@ -341,7 +342,16 @@ def infllm_cost() -> str | None:
 
 
 # The readers beside llama.cpp in docs/cost.md's answers table: what a user would try instead, and the default.
-PEER_READERS = ("backbone", "yarn", "llama_cpp", "llama_cpp_yarn", "infllm", *DEFAULT_BEFORE)
+# (`infllm-matched-both-ordered-2k`: the defaults of 2026-12-04, window 2,048)
+PEER_READERS = (
+    "backbone",
+    "yarn",
+    "llama_cpp",
+    "llama_cpp_yarn",
+    "infllm",
+    "infllm-matched-both-ordered-2k",
+    *DEFAULT_BEFORE,
+)
 
 
 def llama_cpp_peer() -> str | None:
@@ -381,7 +391,7 @@ def llama_cpp_peer() -> str | None:
             "",
             "Answers past the trained 8k context on the same prompts (`benchmarks/infllm.py`; `yarn`: transformers' "
             "YaRN on the torch model; `infllm`: the default reader, with the rows of its configuration measured "
-            "before it was the default):",
+            "before it was the default; `infllm-matched-both-ordered-2k`: the default of 2026-12-04, window 2,048):",
             "",
             markdown_tables(rows).rstrip(),
         ]
@@ -547,13 +557,14 @@ CARDS = {
     "smollm2-infllm": (
         'Not trained: the default reader of `"infllm"` (block retrieval over a frozen model, after InfLLM, '
         "Xiao et al. 2024), scaled to the backbone's 8k context: each 512-token chunk reads 128 sink tokens, "
-        "a local window of 2048 tokens and the one past block of 128 tokens holding the most rare words of "
+        "a local window of 512 tokens and the one past block of 128 tokens holding the most rare words of "
         "its last 32 tokens (the question's, when the prompt ends in one), with the blocks before and after "
         "it, each key at its place in document order just before the window (`match_score='tokens'`, "
         "`match_blocks=1`, `match_neighbours='both'`, `block_positions='ordered'`, `topk_blocks=0`: none of "
         "InfLLM's ranked blocks, which bring look-alike passages in); written by `wrap_with_memory(base, "
-        '"infllm").save_pretrained`. Until 2026-12-04 this folder held InfLLM\'s ranking (the top 16 blocks '
-        "by representative keys, at the window's distance), the defaults then: "
+        '"infllm").save_pretrained`. From 2026-12-04 to 2026-12-05 its window was 2048 (`max_window` absent, '
+        "as that file loads); until 2026-12-04 this folder held InfLLM's ranking (the top 16 blocks by "
+        "representative keys, at the window's distance), the defaults then: "
         "`InfLLMConfig.paper(keep_question_blocks=True)`. "
         f"{_BACKBONE}"
     ),

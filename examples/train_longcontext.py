@@ -222,9 +222,15 @@ def eval_depths(samples: int) -> list[float]:
 
 
 # How many answers each task draws from (its generator in `hmt_adapters.evaluation.tasks`): the passkey's 5-digit
-# key and the needle's 7-digit value, uniform; a bAbI answer is one of the six locations. A model that knows the
-# format but nothing of the key scores `no_information_nll` on the answer.
-KEY_SPACE = {"passkey": 90_000, "niah_single": 9_000_000, **{f"qa{k}": len(tasks.LOCATIONS) for k in (1, 2, 3)}}
+# key and the needle's 7-digit value, uniform; an updated passkey's keys 1 to 50,000 (a reader that finds the keys
+# but not which is current is at ln(updates) per answer, below this); a bAbI answer is one of the six locations. A
+# model that knows the format but nothing of the key scores `no_information_nll` on the answer.
+KEY_SPACE = {
+    "passkey": 90_000,
+    "passkey_update": 50_000,
+    "niah_single": 9_000_000,
+    **{f"qa{k}": len(tasks.LOCATIONS) for k in (1, 2, 3)},
+}
 NEEDLE_TASKS = ("passkey", "niah_single")  # one needle, placed at a depth asked for
 
 

@@ -830,9 +830,14 @@ def test_config_round_trips_and_defaults_scale_with_the_context():
     assert ha.InfLLMConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert ha.InfLLMConfig.paper().resolved(8192) == (4096, 128, 128)  # InfLLM's settings at an 8k context
     assert ha.InfLLMConfig.paper(segment_length=64).resolved(512) == (256, 16, 16)
-    # the default reader's blocks sit at their own positions before the window: a quarter of the context, <= 2048
-    assert ha.InfLLMConfig().resolved(8192) == (2048, 128, 128)
+    # the default reader's blocks sit at their own positions before the window: a quarter of the context, <= 512
+    assert ha.InfLLMConfig().resolved(8192) == (512, 128, 128)
     assert ha.InfLLMConfig(segment_length=64).resolved(512) == (128, 16, 16)
+    assert ha.InfLLMConfig(max_window=1024).resolved(8192)[0] == 1024
+    assert ha.InfLLMConfig(window=700).resolved(8192)[0] == 700  # a set window is the window
+    # `max_window=None`: files written before the field, ordered (the defaults of 2026-12-04) and InfLLM's
+    assert ha.InfLLMConfig(max_window=None).resolved(8192)[0] == 2048
+    assert ha.InfLLMConfig.paper(max_window=None).resolved(8192)[0] == 4096
 
 
 def test_standard_passkey_and_noise_needle_tasks():
@@ -980,7 +985,7 @@ def test_the_weight_free_configuration_ships_loads_in_one_line_and_its_card_says
     model = ha.AutoMemoryModelForCausalLM.from_pretrained(str(folder))
     assert model.method == "infllm" and list(model.memory.parameters()) == []
     assert model.memory_config == ha.InfLLMConfig()  # the defaults: the README headline's reader (`infllm`)
-    assert (model.memory.window, model.memory.sinks, model.memory.block) == (2048, 128, 128)  # scaled to SmolLM2
+    assert (model.memory.window, model.memory.sinks, model.memory.block) == (512, 128, 128)  # scaled to SmolLM2
     assert model.memory.match_layer == 0
     card = str(render_model_card(wrap(backbone())))
     assert "no trained weights" in card and "is_trainable" not in card and "ha.ask(model" in card
@@ -1036,13 +1041,28 @@ def test_a_file_saved_with_the_old_defaults_loads_and_reads_as_it_ran(tmp_path):
     (tmp_path / "memory_config.json").write_text(json.dumps(old))
     loaded = ha.MemoryModel.from_pretrained(base, str(tmp_path))
     fields = {k: v for k, v in OLD_DEFAULT_FILE.items() if k in ha.InfLLMConfig.field_names() and k != "method"}
-    then = ha.InfLLMConfig.paper(**fields)
+    then = ha.InfLLMConfig.paper(**fields, max_window=None)  # `max_window` absent: the rule of its time
     assert loaded.memory_config == then and (then.block_positions, then.match_score) == ("window", "attention")
     assert loaded.memory.window == 128  # InfLLM's half of the 256 positions (the default reader would take 64)
     ids = random_ids(1, 200, seed=3)
     with torch.no_grad():
         ran = ha.wrap_with_memory(base, then).eval()(input_ids=ids).logits
         torch.testing.assert_close(loaded(input_ids=ids).logits, ran, atol=0, rtol=0)
+
+
+def test_a_file_saved_before_max_window_keeps_the_window_it_read(tmp_path):
+    """The defaults of 2026-12-04 saved `window` null under ordered positions, which scaled to a quarter of the
+    context up to 2048; such a file (no `max_window`) loads with that window, a save of today's defaults with 512."""
+    base = tiny_backbone("llama", max_position_embeddings=4096).eval()
+    ha.wrap_with_memory(base, "infllm").save_pretrained(tmp_path)
+    path = tmp_path / "memory_config.json"
+    saved = json.loads(path.read_text())
+    assert (saved["window"], saved["max_window"], saved["block_positions"]) == (None, 512, "ordered")
+    assert ha.MemoryModel.from_pretrained(base, str(tmp_path)).memory.window == 512
+    del saved["max_window"]
+    path.write_text(json.dumps(saved))
+    loaded = ha.MemoryModel.from_pretrained(base, str(tmp_path))
+    assert loaded.memory_config.max_window is None and loaded.memory.window == 1024  # 4096 // 4, as it ran
 
 
 def test_the_default_reader_reads_the_block_holding_the_last_words_in_document_order():

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import hmt_adapters as ha
-from hmt_adapters.evaluation import load_haystack, tasks
+from hmt_adapters.evaluation import TASKS, load_haystack, tasks
 from hmt_adapters.evaluation.tasks import PASSKEY_HEAD
 from tiny import tiny_llama, tiny_tokenizer
 
@@ -333,6 +333,21 @@ def test_babi_samples_leave_room_for_answers_of_unequal_length():
     with pytest.raises(ValueError, match="qa2 places its facts at random depths"):
         recipe.batch("qa2", tok, length, 2, 0, "repeat", [0.0, 1.0])
     assert recipe.no_information_nll("qa2", 1.5) == pytest.approx(math.log(6) / 1.5)  # six locations
+
+
+def test_updated_passkey_batches_answer_the_current_key_and_point_at_its_statement():
+    """`--task passkey_update`: each row ends in the last key set, the evidence position is that statement's (not
+    the first key's), and the loss is read against ln(50,000) per answer token."""
+    tok, length = tiny_tokenizer(), 12 * SEGMENT
+    data, positions = recipe.batch("passkey_update", tok, length, 4, 0, "repeat")
+    assert data["input_ids"].shape == (4, length)
+    for i, (label, position) in enumerate(zip(data["labels"], positions)):
+        sample = TASKS["passkey_update"](tok, length, seed=i, haystack="repeat")  # seed 0 * 100_003 + i
+        answer = tok.decode(label[label != recipe.IGNORE]).strip()
+        assert answer not in sample.extra["stale"] and answer.isdigit()
+        prompt = TASKS["passkey_update"](tok, length - len(tok(" " + answer)["input_ids"]), seed=i, haystack="repeat")
+        assert answer == prompt.answers[0] and position == prompt.inserts[-1].position > prompt.inserts[0].position
+    assert recipe.no_information_nll("passkey_update", 5.8) == pytest.approx(math.log(50_000) / 5.8)
 
 
 def test_answer_hits_score_each_answer_over_its_own_tokens():

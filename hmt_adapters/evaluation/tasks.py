@@ -215,7 +215,8 @@ def passkey_update(
     The pass key is now X. ..."); the question asks for the current one, the last set. Every statement shares the
     question's words, so a reader that retrieves by them finds the stale keys as readily as the current one; a
     memory written in reading order can overwrite (ARMT's delta rule, Rodkin et al. 2024, §3). The earlier keys are
-    kept in `extra["stale"]` (an answer that names one read a stale statement)."""
+    kept in `extra["stale"]` (an answer that names one read a stale statement); the statement the answer rests on,
+    the last, is `extra["supporting_facts"]`."""
     if updates < 1:
         raise ValueError(f"`updates` must be >= 1 (the statements of a key, the first included), got {updates}.")
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
@@ -235,7 +236,7 @@ def passkey_update(
         task="passkey_update",
         answers=[keys[-1]],
         query="pass key",
-        extra={"metric": "first_number", "max_new_tokens": 8, "stale": keys[:-1]},
+        extra={"metric": "first_number", "max_new_tokens": 8, "stale": keys[:-1], "supporting_facts": [updates - 1]},
     )
 
 

@@ -25,9 +25,10 @@ MATCH_SCORES = ("attention", "tokens")
 MATCH_NEIGHBOURS = ("after", "both")
 # InfLLM's released settings for 8k-32k models (Xiao et al. 2024, §4.1 and `config/*-inf-llm.yaml`).
 INFLLM_WINDOW, INFLLM_SINKS, INFLLM_BLOCK = 4096, 128, 128
-# The default reader's window with blocks at their own positions: a needle read from a block is then W + its place
-# before the tail away, and SmolLM2-135M did not read it at 4096 (docs/infllm.md, "The default reader").
-ORDERED_WINDOW = 2048
+# The largest window `window=None` scales to with blocks at their own positions (`max_window`): a needle read from a
+# block is then W + its place before the tail away; SmolLM2-135M read passkeys at 32k 10/10 at 512, 6/10 at 1024 and
+# did not at 4096 (docs/infllm.md, "The default reader"). Files written before `max_window` existed scaled to 2048.
+ORDERED_WINDOW, LEGACY_ORDERED_WINDOW = 512, 2048
 # InfLLM as published (§3.2, §4.1): ranked blocks alone, at distance W, ranked anew for every decoded token.
 # The defaults until 2026-12-03 less `keep_question_blocks` (docs/infllm.md, "The default reader").
 PAPER = dict(
@@ -37,6 +38,7 @@ PAPER = dict(
     match_neighbours="after",
     block_positions="window",
     keep_question_blocks=False,
+    max_window=INFLLM_WINDOW,
 )
 
 
@@ -56,8 +58,13 @@ class InfLLMConfig(MemoryConfig):
         window (`int`, *optional*):
             Local window W (InfLLM's `n_local`): each chunk attends to its own tokens and the stored tokens from W
             before its start (rounded down to a block boundary) at their true RoPE distances. `None`: with
-            `block_positions="ordered"` a quarter of the backbone's context, at most 2048; with `"window"` InfLLM's
-            half of it, at most 4096.
+            `block_positions="ordered"` (or `"question"`) a quarter of the backbone's context, with `"window"`
+            InfLLM's half of it, at most `max_window` either way.
+        max_window (`int`, *optional*, defaults to 512):
+            The largest window `window=None` scales to (unused when `window` is set): 512 keeps a block read under
+            `"ordered"` positions within the distances SmolLM2-135M reads a passkey from (docs/infllm.md, "The
+            default reader"); `InfLLMConfig.paper()` sets InfLLM's 4096. `None`: the rule of adapter files written
+            before this field (2048 with ordered positions, 4096 with `"window"`), which is how those files load.
         sink_tokens (`int`, *optional*):
             The first tokens of the stream kept as attention sinks (InfLLM's `n_init`, §3.1 "initial tokens"),
             read by every chunk once they left the window. `None`: 128, at most 1/32 of the context.
@@ -144,6 +151,10 @@ class InfLLMConfig(MemoryConfig):
 
     segment_length: int = field(default=512, metadata={"help": "Execution chunk (tokens per call).", "min": 1})
     window: int | None = field(default=None, metadata={"help": "Local window W.", "min": 1, "nullable": True})
+    max_window: int | None = field(
+        default=ORDERED_WINDOW,
+        metadata={"help": "Largest window window=None scales to.", "min": 1, "nullable": True, "absent": None},
+    )
     sink_tokens: int | None = field(
         default=None, metadata={"help": "Attention-sink tokens (InfLLM n_init).", "min": 0, "nullable": True}
     )
@@ -291,12 +302,12 @@ class InfLLMConfig(MemoryConfig):
         (InfLLM's 4096 / 128 / 128 where the context allows); a `ValueError` when the local part of a chunk
         (window + the larger of sinks and block + chunk) would read RoPE distances past the context."""
         context = max_positions or 2 * INFLLM_WINDOW
+        ordered = self.block_positions in ("ordered", "question")
         if self.window is not None:
             window = self.window
-        elif self.block_positions in ("ordered", "question"):
-            window = max(1, min(ORDERED_WINDOW, context // 4))
         else:
-            window = max(1, min(INFLLM_WINDOW, context // 2))
+            cap = self.max_window or (LEGACY_ORDERED_WINDOW if ordered else INFLLM_WINDOW)
+            window = max(1, min(cap, context // (4 if ordered else 2)))
         sinks = self.sink_tokens if self.sink_tokens is not None else min(INFLLM_SINKS, context // 32)
         block = self.block_size if self.block_size is not None else max(1, min(INFLLM_BLOCK, context // 32))
         if self.representative_keys > block:  # only a scaled block can be smaller (`validate` checks a set one)
@@ -312,17 +323,17 @@ class InfLLMConfig(MemoryConfig):
                 f"({self.segment_length}) = {span} exceeds the backbone's {max_positions} positions: local keys would "
                 f"be read at distances it was not trained on; lower `window` or `segment_length`."
             )
-        if self.block_positions in ("ordered", "question") and max_positions is not None:
+        if ordered and max_positions is not None:
             # a decoding step with `keep_question_blocks` reads its own blocks and the question's (`InfLLM._kept`)
             matched = self.match_blocks * self.blocks_per_match
             blocks = (self.topk_blocks + matched) * (2 if self.keep_question_blocks else 1)
-            ordered = span + sinks + blocks * block
-            if ordered > max_positions:
+            needed = span + sinks + blocks * block
+            if needed > max_positions:
                 raise ValueError(
                     f"block_positions={self.block_positions!r} puts sink_tokens ({sinks}) + up to {blocks} blocks "
                     f"of {block} tokens (topk_blocks {self.topk_blocks} + {matched} matched"
                     f"{', twice with keep_question_blocks' if self.keep_question_blocks else ''}) before the local "
-                    f"span ({span}): {ordered} positions, past the backbone's {max_positions}; lower `topk_blocks` "
+                    f"span ({span}): {needed} positions, past the backbone's {max_positions}; lower `topk_blocks` "
                     "or `window`, or use block_positions='window'."
                 )
         return window, sinks, block
