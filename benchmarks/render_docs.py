@@ -171,7 +171,29 @@ def headline() -> str | None:
             right = round(cell["accuracy"] * cell["samples"])
             cells.append(f"{right}/{cell['samples']} [{cell['low']:.2f}, {cell['high']:.2f}]")
         lines.append(f"| `{task}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ruler_headline_rows())
+
+
+# The README's reader names in lm-eval's RULER runs (`benchmarks/lm_eval_ruler.py`'s `--reader`)
+RULER_READERS = {"backbone": "bare", "infllm": "infllm"}
+
+
+def ruler_headline_rows() -> list[str]:
+    """The headline's rows of lm-eval's own RULER tasks (its prompts, data and scoring), in the columns whose reader
+    and length lm-eval ran: the mean score (RULER's share of the expected values in the answer), n and the 95%
+    Wilson interval; `-` where it has not run."""
+    data = load("lm_eval_ruler")
+    if data is None:
+        return []
+    by = {(c["reader"], c["length"], c["task"]): c for c in data["cells"]}
+    rows = []
+    for task in sorted({c["task"] for c in data["cells"]}):
+        cells = []
+        for _, reader, length in HEADLINE_COLUMNS:
+            c = by.get((RULER_READERS.get(reader), length, task))
+            cells.append("-" if c is None else f"{c['mean']:.2f}, n={c['samples']} [{c['low']:.2f}, {c['high']:.2f}]")
+        rows.append(f"| lm-eval `{task}` | " + " | ".join(cells) + " |")
+    return rows
 
 
 def trained_memory() -> str | None:

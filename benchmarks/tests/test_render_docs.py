@@ -1,0 +1,40 @@
+"""benchmarks/render_docs.py: the README headline's rows of lm-eval's own RULER tasks land in the columns of the
+reader and length lm-eval ran, and nowhere else."""
+
+from __future__ import annotations
+
+import render_docs
+
+
+def test_ruler_rows_fill_the_columns_lm_eval_ran_and_mark_the_rest(monkeypatch):
+    def cell(reader, length, task, samples, mean, low, high):
+        return {
+            "reader": reader,
+            "length": length,
+            "task": task,
+            "samples": samples,
+            "mean": mean,
+            "low": low,
+            "high": high,
+        }
+
+    cells = [
+        cell("bare", 4096, "niah_single_1", 10, 1.0, 0.72, 1.0),
+        cell("infllm", 32768, "niah_single_1", 4, 0.75, 0.3, 0.95),
+        cell("infllm", 32768, "ruler_vt", 10, 0.1, 0.02, 0.4),
+    ]
+    monkeypatch.setattr(render_docs, "load", lambda name: {"cells": cells} if name == "lm_eval_ruler" else None)
+    rows = render_docs.ruler_headline_rows()
+    assert [r.split(" | ")[0] for r in rows] == ["| lm-eval `niah_single_1`", "| lm-eval `ruler_vt`"]
+    columns = [(reader, length) for _, reader, length in render_docs.HEADLINE_COLUMNS]
+    single = rows[0].strip("| ").split(" | ")[1:]
+    assert len(single) == len(columns)
+    for (reader, length), cell in zip(columns, single):
+        if (reader, length) == ("backbone", 4096):
+            assert cell == "1.00, n=10 [0.72, 1.00]"
+        elif (reader, length) == ("infllm", 32768):
+            assert cell == "0.75, n=4 [0.30, 0.95]"
+        else:
+            assert cell == "-"
+    vt = rows[1].strip("| ").split(" | ")[1:]
+    assert vt.count("-") == len(columns) - 1 and vt[columns.index(("infllm", 32768))].startswith("0.10")
