@@ -64,6 +64,18 @@ def llama_cpp_module() -> Any:
     return llama_cpp
 
 
+def llama_cpp_build() -> dict[str, str]:
+    """How the installed llama.cpp was built: llama-cpp-python's version and llama.cpp's own system-info line (the
+    instruction sets and backends compiled in, e.g. `CPU : SSE3 = 1 | AVX2 = 1 | ...`), so that a rate is read
+    against the build that made it (pip compiles the source distribution on the user's machine)."""
+    module = llama_cpp_module()
+    info = module.llama_print_system_info()
+    return {
+        "llama_cpp_python": module.__version__,
+        "system_info": (info.decode() if isinstance(info, bytes) else str(info)).strip(),
+    }
+
+
 def load_llama(n_ctx: int, threads: int, yarn_context: int | None = None, flash_attn: bool = False) -> Any:
     """A `llama_cpp.Llama` over the SmolLM2 GGUF with `n_ctx` positions and `threads` threads (prompt and decode);
     `yarn_context`: YaRN RoPE scaling from that trained context to `n_ctx` (llama.cpp's `--rope-scaling yarn`)."""
@@ -122,7 +134,7 @@ def llama_cpp_config(name: str, length: int, context: int) -> dict[str, Any]:
     scaled = name == "llama_cpp_yarn" and length > context
     return {
         "gguf": os.path.basename(gguf_path()),
-        "llama_cpp_python": llama_cpp_module().__version__,
+        **llama_cpp_build(),
         "context": context,
         "rope_scaling": {"type": "yarn", "factor": length / context, "original_context": context} if scaled else None,
     }
@@ -182,7 +194,7 @@ def main() -> None:
         "gguf": os.path.basename(gguf_path()),
         "threads": args.threads,
         "rounds": args.rounds,
-        "llama_cpp_python": llama_cpp_module().__version__,
+        **llama_cpp_build(),
         "reader_config": readers["float32"].memory_config.to_dict(),
         "command": " ".join(sys.argv),
         "lengths": {},

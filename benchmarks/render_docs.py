@@ -391,7 +391,9 @@ def llama_cpp_peer() -> str | None:
     lines = [
         f"`{data['command']}` (llama-cpp-python {data['llama_cpp_python']}, `{data['gguf']}`; {data['threads']} "
         f"thread; process CPU seconds per 1k prompt tokens, the least of {data['rounds']} interleaved rounds; in "
-        "brackets: against the bare model in float32 at that length):",
+        "brackets: against the bare model in float32 at that length"
+        + (f"; llama.cpp's system info: `{data['system_info']}`" if data.get("system_info") else "")
+        + "):",
         "",
         "| reader | " + " | ".join(f"{int(n) // 1024}k prompt" for n in lengths) + " |",
         "|---" * (len(lengths) + 1) + "|",

@@ -69,3 +69,18 @@ def test_cpu_rate_is_process_seconds_per_1k_tokens(monkeypatch):
     clock = iter([10.0, 12.5])
     monkeypatch.setattr(llama_cpp_peer.time, "process_time", lambda: next(clock))
     assert llama_cpp_peer.cpu_rate(lambda: 500)() == pytest.approx(5.0)  # 2.5 s for 500 tokens
+
+
+def test_the_build_is_recorded_as_llama_cpp_reports_it(monkeypatch):
+    class Module:
+        __version__ = "0.3.36"
+
+        @staticmethod
+        def llama_print_system_info() -> bytes:
+            return b"CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | \n"
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", Module)
+    assert llama_cpp_peer.llama_cpp_build() == {
+        "llama_cpp_python": "0.3.36",
+        "system_info": "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 |",
+    }
