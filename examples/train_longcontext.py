@@ -125,6 +125,11 @@ def build_model(
     return ha.wrap_with_memory(base, method, segment_length=segment_length, freeze_backbone=freeze_backbone, **kwargs)
 
 
+# Samples a training-free reader evaluates at once: `"infllm"` held ~0.4 GB per 1,024-token prompt at batch 50
+# (killed at 19 GB of this machine's 24, 2026-12-05) and 3.2 GB in all at batch 5
+READER_GROUP = 5
+
+
 def reader_baseline(method: str) -> ha.MemoryModel:
     """`method` at its defaults on a fresh copy of the pretrained SmolLM2 as it loads (no LoRA, nothing trained):
     what a user reads the same prompts with without training."""
@@ -291,12 +296,31 @@ def eval_chunk(batch_size: int, segment_length: int, vocab_size: int, logits_byt
 
 @torch.no_grad()
 def answer_hits(
-    model: ha.MemoryModel, data: dict[str, torch.Tensor], chunk: int, progress: str | None = None
+    model: ha.MemoryModel,
+    data: dict[str, torch.Tensor],
+    chunk: int,
+    progress: str | None = None,
+    group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced argmax == answer per sample and answer token (`hits`, `[batch, longest answer]`), which of
     those are answer tokens (`mask`: answers may differ in length; `hits` is True where `mask` is False), and each
     sample's answer NLL in nats per token (`[batch]`); the prompt streamed `chunk` tokens at a time (a token progress
-    bar titled `progress` if given)."""
+    bar titled `progress` if given), `group` samples at a time if given (the same results, less memory)."""
+    if group is not None and data["input_ids"].shape[0] > group:
+        parts = [
+            answer_hits(model, {k: v[i : i + group] for k, v in data.items()}, chunk, progress)
+            for i in range(0, data["input_ids"].shape[0], group)
+        ]
+        width = max(hits.shape[1] for hits, _, _ in parts)  # answers end every row: align the parts on the right
+
+        def padded(t: torch.Tensor, value: bool) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+        return (
+            torch.cat([padded(hits, True) for hits, _, _ in parts]),
+            torch.cat([padded(mask, False) for _, mask, _ in parts]),
+            torch.cat([nll for _, _, nll in parts]),
+        )
     was = model.training
     model.eval()
     ids, labels = data["input_ids"], data["labels"]
@@ -524,6 +548,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.warmup_steps is None:
         args.warmup_steps = 0 if args.model == "tiny" else args.max_steps // 10
     if sanity:  # all in one window: a pretrained backbone answers from step 0
+        try:
+            batch(args.task, tokenizer, seg, 1, 0, args.haystack)
+        except ValueError as error:
+            raise ValueError(
+                f"The sanity stage reads one segment of --segment-length {seg} tokens, too short for --task "
+                f"{args.task}: {error} Use a longer --segment-length or --no-sanity-stage."
+            ) from error
         stages.insert(0, (1, None))
     fixed = {
         (n, d): batch(
@@ -645,7 +676,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 hits = answer_hits(model, on(data), chunk)
             report["accuracy"][str(n)]["memory_disabled"] = answer_summary(*(h.cpu() for h in hits), listed, positions)
         for name, reader in readers.items():  # a training-free reader of the untrained backbone, the same prompts
-            hits = answer_hits(reader.to(device), on(data), chunk, progress=f"{name} {n} segments")
+            hits = answer_hits(reader.to(device), on(data), chunk, f"{name} {n} segments", group=READER_GROUP)
             report["accuracy"][str(n)].setdefault("readers", {})[name] = {
                 **answer_summary(*(h.cpu() for h in hits), listed, positions),
                 "memory_config": reader.memory_config.to_dict(),

@@ -232,6 +232,17 @@ def test_max_minutes_stops_training_then_saves_and_evaluates(tmp_path):
     assert (tmp_path / "adapter" / "memory_config.json").exists() and set(report["accuracy"]) == {"2", "3"}
 
 
+def test_a_sanity_segment_too_short_for_the_task_says_which_flags_fix_it(tmp_path):
+    args = ["--width", "32", "--max-steps", "1", "--levels", "2", "--eval-segments", "2", "--task", "passkey_update"]
+    args += ["--segment-length", "64", "--batch-size", "1", "--eval-size", "1", "--eval-samples", "1"]
+    with pytest.raises(
+        ValueError,
+        match=r"--segment-length 64 tokens, too short for --task passkey_update.*"
+        r"at least \d+.*Use a longer --segment-length or --no-sanity-stage",
+    ):
+        recipe.main([*args, "--sanity-stage", "--output", str(tmp_path)])
+
+
 def test_eval_chunk_bounds_the_logits_of_a_step():
     assert recipe.eval_chunk(32, 64, 512) == 32 * 64  # the tiny recipe: 32 segments per step, as before
     assert recipe.eval_chunk(32, 256, 49152) == 256  # SmolLM2: one segment (1.6 GB of logits, not 52 GB)
@@ -363,6 +374,19 @@ def test_answer_hits_score_each_answer_over_its_own_tokens():
     assert nll.tolist() == pytest.approx(alone, abs=1e-4)
     summary = recipe.answer_summary(hits, mask, nll, [None] * len(lengths), list(range(len(lengths))))
     assert summary["answer_token_accuracy"] == pytest.approx(float(hits[mask].float().mean()))
+
+
+def test_answer_hits_in_groups_equal_one_batch():
+    """A reader evaluated a few samples at a time (answers of unequal length in different groups) scores as the
+    whole batch at once: the same hits, mask and NLL, aligned on the answers' ends."""
+    data, _ = babi_batch()
+    assert len({int(n) for n in (data["labels"] != recipe.IGNORE).sum(-1)}) > 1  # unequal answers
+    model = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "rmt", SEGMENT, 12).eval()
+    whole = recipe.answer_hits(model, data, chunk=SEGMENT)
+    for group in (1, 3):
+        grouped = recipe.answer_hits(model, data, chunk=SEGMENT, group=group)
+        assert torch.equal(grouped[0], whole[0]) and torch.equal(grouped[1], whole[1])
+        assert torch.allclose(grouped[2], whole[2], atol=1e-5)
 
 
 def test_the_warmup_depth_stage_is_for_needle_tasks_only():

@@ -216,7 +216,9 @@ def passkey_update(
     question's words, so a reader that retrieves by them finds the stale keys as readily as the current one; a
     memory written in reading order can overwrite (ARMT's delta rule, Rodkin et al. 2024, §3). The earlier keys are
     kept in `extra["stale"]` (an answer that names one read a stale statement); the statement the answer rests on,
-    the last, is `extra["supporting_facts"]`."""
+    the last, is `extra["supporting_facts"]`. The question ends as the changes read ("The pass key is now"), so the
+    key is the next token: ending in "is", SmolLM2 first says " now" and then the key, which a teacher-forced check
+    of the answer (as training scores it) counts wrong (2026-12-05, 1,024-token prompts: 0 of 50 so)."""
     if updates < 1:
         raise ValueError(f"`updates` must be >= 1 (the statements of a key, the first included), got {updates}.")
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
@@ -231,7 +233,7 @@ def passkey_update(
         length,
         LANDMARK_PASSKEY_HEAD,
         needles,
-        "\nWhat is the pass key now? The pass key is",
+        "\nWhat is the pass key now? The pass key is now",
         rng,
         task="passkey_update",
         answers=[keys[-1]],
