@@ -178,6 +178,14 @@ def headline() -> str | None:
 RULER_READERS = {"backbone": "bare", "infllm": "infllm"}
 
 
+def ruler_cell(cell: dict | None) -> str:
+    """One lm-eval RULER cell as the README and docs/benchmarks.md print it: mean score (n) [95% Wilson interval],
+    `-` where it has not run."""
+    if cell is None:
+        return "-"
+    return f"{cell['mean']:.2f} (n={cell['samples']}) [{cell['low']:.2f}, {cell['high']:.2f}]"
+
+
 def ruler_headline_rows() -> list[str]:
     """The headline's rows of lm-eval's own RULER tasks (its prompts, data and scoring), in the columns whose reader
     and length lm-eval ran: the mean score (RULER's share of the expected values in the answer), n and the 95%
@@ -191,7 +199,7 @@ def ruler_headline_rows() -> list[str]:
         cells = []
         for _, reader, length in HEADLINE_COLUMNS:
             c = by.get((RULER_READERS.get(reader), length, task))
-            cells.append("-" if c is None else f"{c['mean']:.2f}, n={c['samples']} [{c['low']:.2f}, {c['high']:.2f}]")
+            cells.append(ruler_cell(c))
         rows.append(f"| lm-eval `{task}` | " + " | ".join(cells) + " |")
     return rows
 
@@ -264,7 +272,7 @@ def lm_eval_ruler() -> str | None:
         cells = []
         for reader, length in columns:
             c = by.get((reader, length, task))
-            cells.append("-" if c is None else f"{c['mean']:.2f} (n={c['samples']}) [{c['low']:.2f}, {c['high']:.2f}]")
+            cells.append(ruler_cell(c))
         essays = {c["essays"] for (_, _, t), c in by.items() if t == task} - {None}  # the essay tasks' haystack
         note = f" (essays: {', '.join(sorted(essays))})" if essays else ""
         lines.append(f"| `{task}`{note} | " + " | ".join(cells) + " |")

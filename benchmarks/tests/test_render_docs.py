@@ -31,9 +31,9 @@ def test_ruler_rows_fill_the_columns_lm_eval_ran_and_mark_the_rest(monkeypatch):
     assert len(single) == len(columns)
     for (reader, length), cell in zip(columns, single):
         if (reader, length) == ("backbone", 4096):
-            assert cell == "1.00, n=10 [0.72, 1.00]"
+            assert cell == "1.00 (n=10) [0.72, 1.00]"
         elif (reader, length) == ("infllm", 32768):
-            assert cell == "0.75, n=4 [0.30, 0.95]"
+            assert cell == "0.75 (n=4) [0.30, 0.95]"
         else:
             assert cell == "-"
     vt = rows[1].strip("| ").split(" | ")[1:]
