@@ -22,7 +22,9 @@ Variants (--variant):
            hidden state of a chosen layer; slots are placed in the order of the positions they point to.
            Read: the k slots are prepended to the next segment.
   rmt    : control, the package's RMT (wrap_with_memory 'rmt', 8 memory tokens, shipped write), LoRA r8 q/v (as
-           exp3 variant B of the previous probe), with this file's data/eval.
+           exp3 variant B of the previous probe), with this file's data/eval. --rmt-write proj: the written slots go
+           through a learned projection to the token embeddings' scale, W n(h) * rms(E) (W a d x d matrix started at
+           the identity, E the token embeddings): what the next segment reads starts on the scale of text it reads.
 --train memory (backbone frozen) | lora (add_lora r8 q/v + memory).
 
 Every step: one JSON line to <out>/<name>.jsonl; held-out eval (n=32, fixed seeds) every --eval-every steps and at the
@@ -57,6 +59,7 @@ p.add_argument("--name", required=True)
 p.add_argument("--variant", required=True, choices=["sanity", "armt", "tok", "rmt"])
 p.add_argument("--write", default="all", choices=["all", "mem"])
 p.add_argument("--train", default="memory", choices=["memory", "lora"])
+p.add_argument("--rmt-write", default="shipped", choices=["shipped", "proj"], help="rmt: the write as shipped or projected")
 p.add_argument("--phi", default="dpfp", choices=["dpfp", "elu"])
 p.add_argument("--d-mem", type=int, default=32)
 p.add_argument("--m", type=int, default=16, help="armt --write mem: memory tokens; tok: slots; rmt: memory tokens")
@@ -256,8 +259,17 @@ elif args.variant == "rmt":
     rmt_grad, rmt_disable = {}, {"on": False}
     _orig_write = model.memory.tokens.write
 
+    write_proj = None
+    if args.rmt_write == "proj":  # a learned projection to the token embeddings' scale (registered: trained, saved)
+        write_proj = nn.Linear(D, D, bias=False)
+        nn.init.eye_(write_proj.weight)
+        model.memory.write_proj = write_proj
+        emb_rms = float(EMB.weight.float().pow(2).mean().sqrt())
+
     def rmt_write(state, hidden):
         new = _orig_write(state, hidden)
+        if write_proj is not None:
+            new = dict(new, memory=write_proj(rms_n(new["memory"])) * emb_rms)
         h = new["memory"]
         if h.requires_grad:
             k = len(rmt_grad)

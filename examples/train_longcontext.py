@@ -38,6 +38,7 @@ it measured, with the learning curves of that history in `<output>/curves.png`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -45,6 +46,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,11 +132,37 @@ def build_model(
 READER_GROUP = 5
 
 
-def reader_baseline(method: str) -> ha.MemoryModel:
-    """`method` at its defaults on a fresh copy of the pretrained SmolLM2 as it loads (no LoRA, nothing trained):
-    what a user reads the same prompts with without training."""
+# `--reader-baseline` name of the backbone reading the whole prompt in one window (no memory method)
+FULL_ATTENTION = "full_attention"
+
+
+class FullAttention(torch.nn.Module):
+    """A backbone reading the whole prompt in one window, as `MemoryModel.step` streams it (its KV cache is the state):
+    what the same prompts give when everything is in view, the level a reader within the trained context should
+    reach (docs/trained_memory.md: `"infllm"` at 256-512 tokens answers exactly as this does)."""
+
+    memory_config = None
+
+    def __init__(self, backbone: torch.nn.Module):
+        super().__init__()
+        self.backbone = backbone
+
+    def step(self, input_ids: torch.Tensor, state: Any = None) -> tuple[Any, Any]:
+        out = self.backbone(input_ids=input_ids, past_key_values=state, use_cache=True)
+        return out, out.past_key_values
+
+    @contextlib.contextmanager
+    def disable_progress(self) -> Iterator[None]:
+        yield  # one forward per chunk: nothing to show
+
+
+def reader_baseline(method: str) -> ha.MemoryModel | FullAttention:
+    """`method` at its defaults (or `FULL_ATTENTION`: no memory, one window) on a fresh copy of the pretrained
+    SmolLM2 as it loads (no LoRA, nothing trained): what a user reads the same prompts with without training."""
     from hmt_adapters.backbones import smollm2
 
+    if method == FULL_ATTENTION:
+        return FullAttention(smollm2()[0]).eval()
     return ha.wrap_with_memory(smollm2()[0], method).eval()
 
 
@@ -296,7 +324,7 @@ def eval_chunk(batch_size: int, segment_length: int, vocab_size: int, logits_byt
 
 @torch.no_grad()
 def answer_hits(
-    model: ha.MemoryModel,
+    model: ha.MemoryModel | FullAttention,
     data: dict[str, torch.Tensor],
     chunk: int,
     progress: str | None = None,
@@ -449,10 +477,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reader-baseline",
         nargs="*",
         default=[],
-        choices=ha.available_methods(),
+        choices=[*ha.available_methods(), FULL_ATTENTION],
         metavar="METHOD",
         help="also evaluate every length with the untrained pretrained backbone wrapped with these methods at "
-        "their defaults (a training-free reader, e.g. infllm), on the same prompts (--model smollm2)",
+        f"their defaults (a training-free reader, e.g. infllm; {FULL_ATTENTION}: the whole prompt in one window), on "
+        "the same prompts (--model smollm2)",
     )
     p.add_argument(
         "--train-backbone",
@@ -679,7 +708,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             hits = answer_hits(reader.to(device), on(data), chunk, f"{name} {n} segments", group=READER_GROUP)
             report["accuracy"][str(n)].setdefault("readers", {})[name] = {
                 **answer_summary(*(h.cpu() for h in hits), listed, positions),
-                "memory_config": reader.memory_config.to_dict(),
+                "memory_config": None if reader.memory_config is None else reader.memory_config.to_dict(),
             }
         save()
         row = report["accuracy"][str(n)]

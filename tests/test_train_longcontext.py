@@ -396,3 +396,18 @@ def test_the_warmup_depth_stage_is_for_needle_tasks_only():
         recipe.warmup_depth("qa2", 0.5)
     with pytest.raises(ValueError, match="--model tiny is trained from scratch"):
         recipe.main(["--reader-baseline", "infllm", "--max-steps", "1"])
+
+
+def test_full_attention_reader_equals_the_backbone_on_the_whole_prompt():
+    """The full-attention reader streamed chunk by chunk (its KV cache carried between `step` calls) scores what the
+    backbone gives reading each whole prompt in one forward."""
+    data, _ = babi_batch()
+    backbone = tiny_llama(len(tiny_tokenizer())).eval()
+    hits, mask, nll = recipe.answer_hits(recipe.FullAttention(backbone), data, chunk=SEGMENT, group=2)
+    with torch.no_grad():
+        logits = backbone(input_ids=data["input_ids"]).logits[:, :-1]
+    target, answer = data["input_ids"][:, 1:], (data["labels"] != recipe.IGNORE)[:, 1:]
+    whole = (logits.argmax(-1) == target) | ~answer
+    assert hits.all(-1).tolist() == whole.all(-1).tolist()
+    alone = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    assert nll.tolist() == pytest.approx(((alone * answer).sum(-1) / answer.sum(-1)).tolist(), abs=1e-4)
