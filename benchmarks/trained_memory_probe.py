@@ -59,7 +59,9 @@ p.add_argument("--name", required=True)
 p.add_argument("--variant", required=True, choices=["sanity", "armt", "tok", "rmt"])
 p.add_argument("--write", default="all", choices=["all", "mem"])
 p.add_argument("--train", default="memory", choices=["memory", "lora"])
-p.add_argument("--rmt-write", default="shipped", choices=["shipped", "proj"], help="rmt: the write as shipped or projected")
+p.add_argument(
+    "--rmt-write", default="shipped", choices=["shipped", "proj"], help="rmt: the write as shipped or projected"
+)
 p.add_argument("--phi", default="dpfp", choices=["dpfp", "elu"])
 p.add_argument("--d-mem", type=int, default=32)
 p.add_argument("--m", type=int, default=16, help="armt --write mem: memory tokens; tok: slots; rmt: memory tokens")
