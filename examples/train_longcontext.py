@@ -56,6 +56,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerF
 
 import hmt_adapters as ha
 from hmt_adapters.cli import parse_options
+from hmt_adapters.compat import cache_kwargs, output_cache
 from hmt_adapters.evaluation import TASKS, tasks
 from hmt_adapters.evaluation.haystack import haystack_text
 from hmt_adapters.training import add_lora
@@ -148,8 +149,8 @@ class FullAttention(torch.nn.Module):
         self.backbone = backbone
 
     def step(self, input_ids: torch.Tensor, state: Any = None) -> tuple[Any, Any]:
-        out = self.backbone(input_ids=input_ids, past_key_values=state, use_cache=True)
-        return out, out.past_key_values
+        out = self.backbone(input_ids=input_ids, use_cache=True, **cache_kwargs(state))  # the release's cache name
+        return out, output_cache(out)
 
     @contextlib.contextmanager
     def disable_progress(self) -> Iterator[None]:
