@@ -308,6 +308,7 @@ def infllm(rows: list[dict] | None = None) -> str | None:
         f"commits {commits}): greedy answers of the bare model reading its last 8192 tokens, and of "
         '`wrap_with_memory(base, "infllm")` (no training) reading the whole prompt'
         + "".join(f"; `{name}`: {fields}" for name, fields in variant_fields(rows).items())
+        + full_attention_readers(rows)
         + "; accuracy (samples n, 95% Wilson interval). Lengths past 8k are past what the model was trained on.\n\n"
         + markdown_tables(rows).rstrip()
     )
@@ -338,6 +339,21 @@ def resolved_window(config: dict) -> int:
     return ha.InfLLMConfig(**fields).resolved(SMOLLM2_CONTEXT)[0]
 
 
+# What `benchmarks/infllm.py`'s readers that are no InfLLM configuration read (their records' `config` holds their own
+# settings, not InfLLM fields): named in the captions instead of described by InfLLM fields.
+FULL_ATTENTION_READERS = {
+    "yarn": "the bare model with transformers' YaRN RoPE scaling (factor = length / 8192), full attention",
+    "llama_cpp": "llama.cpp on the same GGUF at its own RoPE, full attention",
+    "llama_cpp_yarn": "llama.cpp with its YaRN scaling from 8192 to the prompt's length, full attention",
+}
+
+
+def full_attention_readers(rows: list[dict]) -> str:
+    """`; `name`: what it reads` for each reader of `FULL_ATTENTION_READERS` among `rows`, for a caption."""
+    present = {r["reader"] for r in rows}
+    return "".join(f"; `{name}`: {text}" for name, text in FULL_ATTENTION_READERS.items() if name in present)
+
+
 def variant_fields(rows: list[dict]) -> dict[str, str]:
     """For each memory reader other than `infllm`, the config fields its records differ in from the defaults (a
     `store_disk` directory by what it does, not its path) and the weights' dtype where not fp32."""
@@ -347,7 +363,11 @@ def variant_fields(rows: list[dict]) -> dict[str, str]:
     ran = as_run(ha.InfLLMConfig().to_dict(), {})
     out: dict[str, str] = {}
     for row in rows:
-        if row["reader"] in ("backbone", "infllm") or row["reader"] in out or not row.get("config"):
+        if (
+            row["reader"] in ("backbone", "infllm", *FULL_ATTENTION_READERS)
+            or row["reader"] in out
+            or not row.get("config")
+        ):
             continue
         config = as_run(row["config"], absent)
         changed = {k: v for k, v in config.items() if k in ran and ran[k] != v}
@@ -421,9 +441,10 @@ def llama_cpp_peer() -> str | None:
     if rows:
         lines += [
             "",
-            "Answers past the trained 8k context on the same prompts (`benchmarks/infllm.py`; `yarn`: transformers' "
-            "YaRN on the torch model; `infllm`: the default reader, with the rows of its configuration measured "
-            "before it was the default; `infllm-matched-both-ordered-2k`: the default of 2026-12-04, window 2,048):",
+            "Answers past the trained 8k context on the same prompts (`benchmarks/infllm.py`"
+            + full_attention_readers(rows)
+            + "; `infllm`: the default reader, with the rows of its configuration measured before it was the default; "
+            "`infllm-matched-both-ordered-2k`: the default of 2026-12-04, window 2,048):",
             "",
             markdown_tables(rows).rstrip(),
         ]

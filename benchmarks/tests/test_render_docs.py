@@ -38,3 +38,17 @@ def test_ruler_rows_fill_the_columns_lm_eval_ran_and_mark_the_rest(monkeypatch):
             assert cell == "-"
     vt = rows[1].strip("| ").split(" | ")[1:]
     assert vt.count("-") == len(columns) - 1 and vt[columns.index(("infllm", 32768))].startswith("0.10")
+
+
+def test_full_attention_readers_are_named_not_described_by_infllm_fields():
+    """A YaRN or llama.cpp record's `config` holds its own settings: the caption names what it reads and lists no
+    InfLLM field for it, while an InfLLM variant keeps its fields."""
+    rows = [
+        {"reader": "yarn", "config": {"context": 8192, "rope_parameters": {"factor": 2.0}}},
+        {"reader": "llama_cpp", "config": {"context": 8192}},
+        {"reader": "infllm-w1024", "config": {"window": 1024}},
+    ]
+    assert set(render_docs.variant_fields(rows)) == {"infllm-w1024"}
+    caption = render_docs.full_attention_readers(rows)
+    assert "`yarn`: the bare model with transformers' YaRN" in caption and "`llama_cpp`: llama.cpp" in caption
+    assert "llama_cpp_yarn" not in caption
