@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -102,6 +103,22 @@ def recipe_options(method: str, segment_length: int, max_segments: int) -> dict[
     if method == "rmt":
         return {"num_memory_tokens": 8}
     return {}
+
+
+def parse_task_options(task: str, pairs: list[str]) -> dict[str, Any]:
+    """`--task-option key=value` strings as keywords of `task`'s generator (`hmt_adapters.evaluation.tasks`), e.g.
+    `updates=6 keep_clear=128` for `passkey_update` (six statements, none in the last 128 tokens); a keyword the
+    generator does not take is an error naming those it does."""
+    options = parse_options(pairs, "--task-option")
+    taken = [
+        name
+        for name, p in inspect.signature(TASKS[task]).parameters.items()
+        if p.kind == p.KEYWORD_ONLY and name not in ("seed", "depth", "haystack")  # the recipe sets these
+    ]
+    unknown = sorted(set(options) - set(taken))
+    if unknown:
+        raise ValueError(f"--task-option {unknown} is not a keyword of --task {task}; it takes {taken}.")
+    return options
 
 
 def parse_method_options(pairs: list[str]) -> dict[str, Any]:
@@ -277,10 +294,17 @@ def no_information_nll(task: str, answer_tokens: float) -> float:
 
 
 def batch(
-    task: str, tokenizer, length: int, size: int, seed: int, haystack: str, depths: list[float] | None = None
+    task: str,
+    tokenizer,
+    length: int,
+    size: int,
+    seed: int,
+    haystack: str,
+    depths: list[float] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
     """`size` samples of exactly `length` tokens, the prompt then its answer, labels only on the answer tokens
-    (needles at `depths`, else at random depths); and each sample's evidence position in tokens: the needle's, or for
+    (needles at `depths`, else at random depths; `options`: the task generator's own keywords, `--task-option`); and each sample's evidence position in tokens: the needle's, or for
     a bAbI story its earliest supporting fact's (what the answer depends on that lies furthest back).
 
     The prompt is `length` minus the answer's tokens, so that with a `length` of whole segments the question and its
@@ -295,7 +319,7 @@ def batch(
     rows, labels, positions = [], [], []
     answer_tokens = None
     for i in range(size):
-        depth = {} if depths is None else {"depth": depths[i]}
+        depth = {**(options or {}), **({} if depths is None else {"depth": depths[i]})}
         for _ in range(3):  # the answer's length, then the sample with room for it (a key of other length: again)
             if answer_tokens is None:
                 probe = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack, **depth)
@@ -409,6 +433,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a config field of the method (repeatable), e.g. num_memory_tokens=16 or detach_memory=False",
     )
     p.add_argument("--task", default="passkey", choices=sorted(KEY_SPACE))
+    p.add_argument(
+        "--task-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword of the task's generator (repeatable), e.g. updates=6 or keep_clear=128 for passkey_update",
+    )
     p.add_argument("--haystack", default="repeat", choices=["repeat", "essays", "kjv"])
     p.add_argument("--segment-length", type=int, default=64)
     p.add_argument("--levels", type=int, nargs="+", default=[2, 4, 8, 16], help="curriculum: segments per sample")
@@ -511,6 +542,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     options = parse_method_options(args.method_option)
+    task_options = parse_task_options(args.task, args.task_option)
     if args.reader_baseline and args.model == "tiny":
         raise ValueError("--reader-baseline reads with the pretrained backbone; --model tiny is trained from scratch.")
     if args.threads:
@@ -579,7 +611,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.warmup_steps = 0 if args.model == "tiny" else args.max_steps // 10
     if sanity:  # all in one window: a pretrained backbone answers from step 0
         try:
-            batch(args.task, tokenizer, seg, 1, 0, args.haystack)
+            batch(args.task, tokenizer, seg, 1, 0, args.haystack, options=task_options)
         except ValueError as error:
             raise ValueError(
                 f"The sanity stage reads one segment of --segment-length {seg} tokens, too short for --task "
@@ -595,6 +627,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             10**6 + n,
             args.haystack,
             None if d is None else [d] * args.eval_size,
+            task_options,
         )[0]
         for n, d in stages
     }
@@ -633,7 +666,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             n, depth = stages[int(torch.randint(earliest, stage, (1,), generator=pick))][0], None
         sizes = micro_batches(args.batch_size, args.batch_tokens, n * seg, accumulate)
         depths = None if depth is None else [depth] * sum(sizes)
-        data = batch(args.task, tokenizer, n * seg, sum(sizes), step, args.haystack, depths)[0]
+        data = batch(args.task, tokenizer, n * seg, sum(sizes), step, args.haystack, depths, task_options)[0]
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for part in zip(*(value.split(sizes) for value in data.values())):
@@ -689,7 +722,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     readers = {name: reader_baseline(name) for name in args.reader_baseline}
     for n in sorted(set(args.levels + args.eval_segments)):
         begin = time.time()
-        data, positions = batch(args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths)
+        data, positions = batch(
+            args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths, task_options
+        )
         listed = depths or [None] * args.eval_samples
         chunk = eval_chunk(args.eval_samples, seg, vocab)
         hits = answer_hits(model, on(data), chunk, progress=f"eval {n} segments ({n * seg} tokens)")

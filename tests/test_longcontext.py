@@ -143,6 +143,25 @@ def test_passkey_update_asks_for_the_last_key_set():
         passkey_update(tok, 1500, updates=0)
 
 
+@pytest.mark.parametrize("updates", [1, 3, 6])
+def test_keep_clear_leaves_the_last_tokens_without_a_statement(updates):
+    """`keep_clear=n`: every statement ends before the prompt's last `n` tokens (a segment reader's last window holds
+    none), spread over the rest in order; without it the statements reach the end, as before."""
+    tok, length, clear = tiny_tokenizer(), 1024, 128
+    ends = []
+    for seed in range(8):
+        sample = passkey_update(tok, length, seed=seed, updates=updates, keep_clear=clear)
+        assert len(sample.input_ids) == length
+        assert all(i.position + i.num_tokens <= length - clear for i in sample.inserts)
+        assert [i.position for i in sample.inserts] == sorted(i.position for i in sample.inserts)
+        ends.append(sample.inserts[-1].position + sample.inserts[-1].num_tokens)
+    assert max(ends) > length - clear - 200  # the depths span the allowed filler, not a fixed slice of it
+    unclear = [passkey_update(tok, length, seed=s, updates=updates).inserts[-1] for s in range(8)]
+    assert max(i.position + i.num_tokens for i in unclear) > length - clear  # the default reaches the last window
+    with pytest.raises(ValueError, match="keep_clear.*1024 tokens"):
+        passkey_update(tok, length, updates=updates, keep_clear=length)
+
+
 def test_bad_arguments_name_the_allowed_values():
     tok = tiny_tokenizer()
     with pytest.raises(ValueError, match="Unknown task 'nope'.*passkey"):

@@ -361,6 +361,25 @@ def test_updated_passkey_batches_answer_the_current_key_and_point_at_its_stateme
     assert recipe.no_information_nll("passkey_update", 5.8) == pytest.approx(math.log(50_000) / 5.8)
 
 
+def test_task_options_reach_the_generator_and_unknown_ones_name_those_it_takes():
+    """`--task-option updates=6 --task-option keep_clear=64`: the batch's prompts are the generator's with those
+    keywords (six statements, none in the last segment: only memory holds the keys); a keyword the generator lacks
+    is an error naming the ones it takes, not dropped."""
+    tok, length = tiny_tokenizer(), 32 * SEGMENT
+    options = recipe.parse_task_options("passkey_update", ["updates=6", f"keep_clear={2 * SEGMENT}"])
+    assert options == {"updates": 6, "keep_clear": 2 * SEGMENT}
+    data, positions = recipe.batch("passkey_update", tok, length, 3, 0, "repeat", options=options)
+    for i, (row, label, position) in enumerate(zip(data["input_ids"], data["labels"], positions)):
+        answer = label[label != recipe.IGNORE]
+        prompt = TASKS["passkey_update"](tok, length - len(answer), seed=i, haystack="repeat", **options)
+        assert row[: len(prompt.input_ids)].tolist() == prompt.input_ids and len(prompt.extra["stale"]) == 5
+        assert position == prompt.inserts[-1].position and position + prompt.inserts[-1].num_tokens <= length - 2 * SEGMENT
+    with pytest.raises(ValueError, match=r"\['update'\] is not a keyword of --task passkey_update.*'updates'"):
+        recipe.parse_task_options("passkey_update", ["update=6"])
+    with pytest.raises(ValueError, match=r"\['updates'\] is not a keyword of --task passkey; it takes \[\]"):
+        recipe.parse_task_options("passkey", ["updates=6"])
+
+
 def test_answer_hits_score_each_answer_over_its_own_tokens():
     """With answers of unequal length in one batch, each sample's NLL and exact match cover its own answer tokens:
     the NLL equals that sample's forward loss alone."""

@@ -55,10 +55,13 @@ def build_sample(
     inserts: list[Insert],
     tail: str,
     rng: random.Random,
+    keep_clear: int = 0,
     **fields: Any,
 ) -> Sample:
     """`head` + filler with `inserts` at their depths (snapped to the nearest sentence boundary, order kept) + `tail`,
-    exactly `length` tokens; fills in each insert's `position` and `num_tokens`."""
+    exactly `length` tokens; fills in each insert's `position` and `num_tokens`. With `keep_clear`, the depths span
+    only the filler that ends at least `keep_clear` tokens before the prompt's end (the question included), so that
+    a window of that many tokens at the end, a segment reader's last segment, holds no insert."""
     head_ids, tail_ids = tokens(tokenizer, head), tokens(tokenizer, tail)
     insert_ids = [tokens(tokenizer, " " + i.text) for i in inserts]
     filler_length = length - len(head_ids) - len(tail_ids) - sum(len(i) for i in insert_ids)
@@ -69,14 +72,21 @@ def build_sample(
         )
     if any(not 0.0 <= i.depth <= 1.0 for i in inserts):
         raise ValueError(f"Insert depths must be in [0, 1], got {[i.depth for i in inserts]}.")
+    usable = filler_length - max(0, keep_clear - len(tail_ids))  # filler that may precede an insert
+    if keep_clear < 0 or usable < 0:
+        raise ValueError(
+            f"`keep_clear`={keep_clear} must be >= 0 and leave room for the inserts before it in {length} tokens "
+            f"(the filler is {filler_length} tokens, the question {len(tail_ids)})."
+        )
     pieces = haystack.fill(filler_length, rng)
     boundaries = [0]
     for piece in pieces:
         boundaries.append(boundaries[-1] + len(piece))
+    allowed = max(b for b in range(len(boundaries)) if boundaries[b] <= usable) + 1
     cuts, previous = [], 0
     for insert in inserts:  # nearest boundary at or after the previous insert's: the order of inserts is kept
-        target = insert.depth * filler_length
-        index = min(range(previous, len(boundaries)), key=lambda b: abs(boundaries[b] - target))
+        target = insert.depth * usable
+        index = min(range(previous, max(allowed, previous + 1)), key=lambda b: abs(boundaries[b] - target))
         cuts.append(index)
         previous = index
     ids, start = list(head_ids), 0

@@ -210,6 +210,7 @@ def passkey_update(
     depth: float | None = None,
     updates: int = 3,
     haystack: str = "repeat",
+    keep_clear: int = 0,
 ) -> Sample:
     """The standard passkey set, then changed `updates - 1` times at later random depths ("The pass key has changed.
     The pass key is now X. ..."); the question asks for the current one, the last set. Every statement shares the
@@ -218,7 +219,8 @@ def passkey_update(
     kept in `extra["stale"]` (an answer that names one read a stale statement); the statement the answer rests on,
     the last, is `extra["supporting_facts"]`. The question ends as the changes read ("The pass key is now"), so the
     key is the next token: ending in "is", SmolLM2 first says " now" and then the key, which a teacher-forced check
-    of the answer (as training scores it) counts wrong (2026-12-05, 1,024-token prompts: 0 of 50 so)."""
+    of the answer (as training scores it) counts wrong (2026-12-05, 1,024-token prompts: 0 of 50 so). `keep_clear`:
+    no statement in the prompt's last `keep_clear` tokens (a segment length: only memory holds the keys)."""
     if updates < 1:
         raise ValueError(f"`updates` must be >= 1 (the statements of a key, the first included), got {updates}.")
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
@@ -235,6 +237,7 @@ def passkey_update(
         needles,
         "\nWhat is the pass key now? The pass key is now",
         rng,
+        keep_clear=keep_clear,
         task="passkey_update",
         answers=[keys[-1]],
         query="pass key",
