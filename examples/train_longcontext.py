@@ -304,8 +304,9 @@ def batch(
     options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
     """`size` samples of exactly `length` tokens, the prompt then its answer, labels only on the answer tokens
-    (needles at `depths`, else at random depths; `options`: the task generator's own keywords, `--task-option`); and each sample's evidence position in tokens: the needle's, or for
-    a bAbI story its earliest supporting fact's (what the answer depends on that lies furthest back).
+    (needles at `depths`, else at random depths; `options`: the task generator's own keywords, `--task-option`);
+    and each sample's evidence position in tokens: the needle's, or for a bAbI story its earliest supporting fact's
+    (what the answer depends on that lies furthest back).
 
     The prompt is `length` minus the answer's tokens, so that with a `length` of whole segments the question and its
     answer end inside the last segment, as in the RMT reference's fine-tuning scripts (a margin for question and

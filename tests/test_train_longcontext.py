@@ -373,7 +373,8 @@ def test_task_options_reach_the_generator_and_unknown_ones_name_those_it_takes()
         answer = label[label != recipe.IGNORE]
         prompt = TASKS["passkey_update"](tok, length - len(answer), seed=i, haystack="repeat", **options)
         assert row[: len(prompt.input_ids)].tolist() == prompt.input_ids and len(prompt.extra["stale"]) == 5
-        assert position == prompt.inserts[-1].position and position + prompt.inserts[-1].num_tokens <= length - 2 * SEGMENT
+        last = prompt.inserts[-1]
+        assert position == last.position and last.position + last.num_tokens <= length - 2 * SEGMENT
     with pytest.raises(ValueError, match=r"\['update'\] is not a keyword of --task passkey_update.*'updates'"):
         recipe.parse_task_options("passkey_update", ["update=6"])
     with pytest.raises(ValueError, match=r"\['updates'\] is not a keyword of --task passkey; it takes \[\]"):
