@@ -320,13 +320,13 @@ def batch(
     rows, labels, positions = [], [], []
     answer_tokens = None
     for i in range(size):
-        depth = {**(options or {}), **({} if depths is None else {"depth": depths[i]})}
+        keywords = {**(options or {}), **({} if depths is None else {"depth": depths[i]})}
         for _ in range(3):  # the answer's length, then the sample with room for it (a key of other length: again)
             if answer_tokens is None:
-                probe = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack, **depth)
+                probe = TASKS[task](tokenizer, length, seed=seed * 100_003 + i, haystack=haystack, **keywords)
                 answer_tokens = len(tokenizer(" " + probe.answers[0], add_special_tokens=False)["input_ids"])
             prompt = length - answer_tokens
-            sample = TASKS[task](tokenizer, prompt, seed=seed * 100_003 + i, haystack=haystack, **depth)
+            sample = TASKS[task](tokenizer, prompt, seed=seed * 100_003 + i, haystack=haystack, **keywords)
             answer = tokenizer(" " + sample.answers[0], add_special_tokens=False)["input_ids"]
             if len(answer) == answer_tokens:
                 break
