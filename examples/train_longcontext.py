@@ -146,7 +146,9 @@ def build_model(
 
 
 # Samples a training-free reader evaluates at once: `"infllm"` held ~0.4 GB per 1,024-token prompt at batch 50
-# (killed at 19 GB of this machine's 24, 2026-12-05) and 3.2 GB in all at batch 5
+# (killed at 19 GB of this machine's 24, 2026-12-05) and 3.2 GB in all at batch 5; most of it was the logits of the
+# pending tokens `step` re-read (since 2026-12-06 not recomputed: batch 10 of 1,024 tokens in chunks of 128 peaks at
+# 3.2 GB, was 5.0)
 READER_GROUP = 5
 
 

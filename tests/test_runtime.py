@@ -127,6 +127,30 @@ def count_head_calls(model: ha.MemoryModel) -> list[int]:
     return calls
 
 
+def test_a_stream_in_short_chunks_runs_the_head_once_per_token_with_the_forward_logits():
+    """Pending tokens are read again to rebuild their segment, but their logits came with their own chunk: the LM
+    head sees each streamed token once (at chunks of a quarter segment it saw 2.5x as many), the logits unchanged."""
+    model = ha.wrap_with_memory(tiny_backbone("llama"), "hmt", segment_length=8, sensory_length=2).eval()
+    ids = random_ids(2, 24)
+    rows = []
+    head = model.adapter.model.get_output_embeddings()
+    head.register_forward_hook(lambda _module, args, _out: rows.append(args[0].shape[1]))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        rows.clear()
+        state, parts = None, []
+        for start in range(0, 24, 2):
+            out, state = model.step(ids[:, start : start + 2], state)
+            parts.append(out.logits)
+    assert sum(rows) == 24 and state.pending_length == 0
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-4)
+    state = model.init_memory(2)
+    with pytest.raises(ValueError, match="logits_from=3"):
+        model.runtime.run(ids, torch.ones_like(ids), ids, state, logits_from=3)
+    with pytest.raises(ValueError, match=r"\[0, 24\].*got 25"):
+        model.runtime.run(ids, torch.ones_like(ids), None, state, logits_from=25)
+
+
 @pytest.mark.parametrize("switches", SWITCHES, ids=["plain", "offload", "checkpoint", "both"])
 def test_last_segment_loss_skips_the_head_of_unsupervised_segments_with_the_same_loss_and_gradients(switches):
     ids = random_ids(2, 5 * 8)

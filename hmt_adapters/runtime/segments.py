@@ -159,6 +159,7 @@ class SegmentRuntime:
         keep_logits: bool = True,
         close_last: bool = True,
         keep_hidden: bool = False,
+        logits_from: int = 0,
     ) -> RunResult:
         """Process `input_ids` `[B, T]` segment by segment starting from `state`.
 
@@ -166,9 +167,15 @@ class SegmentRuntime:
         `close_last=False` a final segment shorter than `segment_length` stays open: its logits are returned but it is
         not folded into the state (streaming keeps those tokens pending). With `keep_hidden=True` (and no `targets`)
         the result's `logits` are the tensors the LM head reads, one row per token (a fused LM head applies it).
+        `logits_from=k` runs no LM head over the first k columns (read again only to rebuild their segment, as a
+        stream's pending tokens are): the logits are `[B, T - k, V]` and those columns take no target.
         """
         if keep_hidden and (targets is not None or not keep_logits):
             raise ValueError("`keep_hidden=True` returns the LM head's inputs: it takes no targets, keeps every row.")
+        if not 0 <= logits_from <= input_ids.shape[1]:
+            raise ValueError(f"`logits_from` must be in [0, {input_ids.shape[1]}] (the columns), got {logits_from}.")
+        if targets is not None and logits_from and bool((targets[:, :logits_from] != IGNORE_INDEX).any()):
+            raise ValueError(f"`logits_from={logits_from}` runs no LM head over columns that have targets.")
         cfg = self.config
         length = cfg.segment_length
         spans = segment_spans(input_ids.shape[1], length)
@@ -185,7 +192,7 @@ class SegmentRuntime:
                 plans = self.method.plan(segments, tensors)
         loss_sum = torch.zeros((), device=input_ids.device)
         num_tokens = torch.zeros((), device=input_ids.device, dtype=torch.long)
-        logits = SegmentRows(input_ids.shape[1]) if keep_logits else None
+        logits = SegmentRows(input_ids.shape[1] - logits_from) if keep_logits else None
         closed = 0
         supervised = supervised_segments(targets, spans)
         if targets is not None and not any(supervised):
@@ -206,6 +213,7 @@ class SegmentRuntime:
                 closes,
                 keep_logits,
                 keep_hidden,
+                max(0, logits_from - s),
             )
             if cfg.gradient_checkpointing and grad:
                 ce, count, seg_logits, tensors = checkpoint(self._segment, *args, use_reentrant=False)
@@ -218,8 +226,8 @@ class SegmentRuntime:
             num_tokens = num_tokens + count
             closed += int(closes)
             progress.advance(e - s)
-            if logits is not None:
-                logits.add(s, seg_logits)
+            if logits is not None and seg_logits is not None:
+                logits.add(max(s, logits_from) - logits_from, seg_logits)
         new_state = MemoryState(state.method, tensors, state.segments_seen + closed, extras=dict(state.extras))
         return RunResult(loss_sum, num_tokens, logits.joined() if logits is not None else None, new_state)
 
@@ -237,11 +245,13 @@ class SegmentRuntime:
         closes: bool,
         keep_logits: bool,
         keep_hidden: bool = False,
+        skip: int = 0,
     ):
         """One segment: assemble the window, run the backbone, score the tokens, write the new state.
 
         `targets=None` means no target in this segment: the LM head then runs only when the logits are kept.
         `keep_hidden` returns the token slots' hidden states (the LM head's input) in place of the logits.
+        `skip` leading tokens get neither (no target there: `run`'s `logits_from`); None when none is left.
         """
         if targets is None and not keep_logits and not (self.memory_enabled and closes):
             return torch.zeros((), device=ids.device), ids.new_zeros(()), None, tensors  # nothing reads this segment
@@ -257,10 +267,13 @@ class SegmentRuntime:
         hidden = self.backbone.body(window, window_mask, **extra)
         start = layout.prefix_length
         logits = None
-        if keep_hidden:
-            logits = hidden[:, start : start + ids.shape[1]]
+        if skip >= ids.shape[1]:
+            targets = None  # every column skipped: none of them has a target (checked in `run`)
+        elif keep_hidden:
+            logits = hidden[:, start + skip : start + ids.shape[1]]
         elif targets is not None or keep_logits:
-            logits = self.backbone.logits(hidden[:, start : start + ids.shape[1]])
+            logits = self.backbone.logits(hidden[:, start + skip : start + ids.shape[1]])
+            targets = None if targets is None else targets[:, skip:]
         if targets is None:
             ce, count = hidden.new_zeros((), dtype=torch.float32), ids.new_zeros(())
         else:
