@@ -208,10 +208,11 @@ def test_a_config_missing_a_field_or_of_a_newer_format_is_an_error(tmp_path):
 
 
 def test_a_file_written_before_a_field_was_added_loads_with_the_behaviour_it_had(tmp_path):
-    """`keep_question_blocks`, `block_positions`, `match_score`, `match_in_view`, `match_neighbours` and `max_window`
-    came after InfLLM files existed (metadata `"absent"`): a file without them loads with `False` / `"window"` /
-    `"attention"` / `False` / `"after"` / `None`, the behaviour of the package that wrote it (whatever today's default:
-    `"ordered"`, `"tokens"`, `"both"` and 512 now); a missing field that is not marked is still refused."""
+    """`keep_question_blocks`, `block_positions`, `match_score`, `match_in_view`, `match_neighbours`, `max_window` and
+    `match_min_ratio` came after InfLLM files existed (metadata `"absent"`): a file without them loads with `False` /
+    `"window"` / `"attention"` / `False` / `"after"` / `None` / `None`, the behaviour of the package that wrote it
+    (whatever today's default: `"ordered"`, `"tokens"`, `"both"` and 512 now); a missing field that is not marked is
+    still refused."""
     config = ha.InfLLMConfig.paper(segment_length=16, block_size=8, representative_keys=2, keep_question_blocks=True)
     model = ha.wrap_with_memory(tiny_backbone("llama"), config)
     model.save_pretrained(tmp_path)
@@ -222,6 +223,7 @@ def test_a_file_written_before_a_field_was_added_loads_with_the_behaviour_it_had
         "match_in_view": False,
         "match_neighbours": "after",
         "max_window": None,
+        "match_min_ratio": None,
     }
     assert ha.InfLLMConfig.absent_values() == absent
     edit_config(tmp_path, keep_question_blocks=None)

@@ -312,6 +312,14 @@ def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
     assert method.match_tokens(tensors, ids[:, 288:], real).tolist() == [[11, 12]]  # with the block after it
     model.memory_config.match_blocks = 2
     assert method.match_tokens(tensors, ids[:, 288:], real)[0].tolist() == [11, 12, 17, 18]
+    model.memory_config.match_min_ratio = 0.6  # block 17 scores about half of block 11: not read
+    assert method.match_tokens(tensors, ids[:, 288:], real)[0].tolist() == [11, 12, -1, -1]
+    model.memory_config.match_neighbours, model.memory_config.match_in_view = "both", True
+    assert method.match_tokens(tensors, ids[:, 288:], real)[0].tolist() == [10, 11, 12, -1, -1, -1]
+    model.memory_config.match_neighbours, model.memory_config.match_in_view = "after", False
+    model.memory_config.match_min_ratio = 0.4
+    assert method.match_tokens(tensors, ids[:, 288:], real)[0].tolist() == [11, 12, 17, 18]
+    model.memory_config.match_min_ratio = None
     real[0, -3:] = False  # padding at the end: the question is the last real tokens (..., 80), not 91-93
     assert 11 not in method.match_tokens(tensors, ids[:, 288:], real)[0].tolist()
     model.memory.trace = {}
@@ -324,6 +332,10 @@ def test_token_match_ranks_blocks_by_the_rare_question_words_they_hold():
     assert wrap(backbone(), match_blocks=1).memory_config.match_score == "attention"  # the default
     with pytest.raises(ValueError, match="match_score.*'attention', 'tokens'"):
         wrap(backbone(), match_blocks=1, match_score="words")
+    with pytest.raises(ValueError, match=r"`match_min_ratio` \(0.5\) compares .* got match_score='attention'"):
+        wrap(backbone(), match_blocks=2, match_score="attention", match_min_ratio=0.5)
+    with pytest.raises(ValueError, match=r"`match_min_ratio` must be in \[0, 1\]"):
+        wrap(backbone(), match_blocks=2, match_min_ratio=1.5)
     with pytest.raises(ValueError, match=r"`match_score` \('tokens'\) ranks the `match_blocks`, which is 0"):
         wrap(backbone(), match_score="tokens")
 

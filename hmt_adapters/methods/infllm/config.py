@@ -118,6 +118,12 @@ class InfLLMConfig(MemoryConfig):
             the blocks before and after it, `3 * match_blocks` blocks: a needle whose words come on both sides of
             its answer ("The pass key is X. Remember it. X is the pass key.") is matched on the half holding more
             of them, which can be the second (docs/infllm.md, "Question-aware blocks").
+        match_min_ratio (`float`, *optional*):
+            With `match_score="tokens"`: of the `match_blocks` best-scoring blocks, read only those scoring at least
+            this share of the best one (with their neighbours), so that `match_blocks` is a ceiling: a question
+            whose answers lie in several passages that share its words (RULER's multi-value and multi-query
+            needles) reads all of them, one whose words one passage holds reads that one. `None`: every one of the
+            `match_blocks` (docs/infllm.md, "Question-aware blocks").
         match_in_view (`bool`, defaults to `False`):
             With `match_score="tokens"`: rank the text the call reads locally (and its answer will still read once
             the next segment opens) with the stored blocks, so no block is read for words the window already holds:
@@ -208,6 +214,17 @@ class InfLLMConfig(MemoryConfig):
         default=False, metadata={"help": "Decoding steps also read the question chunk's blocks.", "absent": False}
     )
     match_queries: int = field(default=32, metadata={"help": "Last queries averaged for the match.", "min": 1})
+    match_min_ratio: float | None = field(
+        default=None,
+        metadata={
+            "help": "Read a token-matched block only if it scores this share of the best (None: all).",
+            "type": float,
+            "min": 0,
+            "max": 1,
+            "nullable": True,
+            "absent": None,
+        },
+    )
     match_in_view: bool = field(
         default=False, metadata={"help": "Token match also ranks the text in view.", "absent": False}
     )
@@ -269,6 +286,11 @@ class InfLLMConfig(MemoryConfig):
             raise ValueError(
                 f"`match_in_view` ranks the text in view by its token ids, which only match_score='tokens' keeps; "
                 f"got match_score={self.match_score!r}."
+            )
+        if self.match_min_ratio is not None and self.match_score != "tokens":
+            raise ValueError(
+                f"`match_min_ratio` ({self.match_min_ratio}) compares the blocks' token-match scores, which only "
+                f"match_score='tokens' computes; got match_score={self.match_score!r}."
             )
         if self.match_neighbours != "after" and self.match_score != "tokens":
             raise ValueError(

@@ -290,16 +290,22 @@ class InfLLM(MemoryMethod):
             held = (pieces[row, :, :, None] == question).any(1)  # [P, T]: piece p holds question token t
             df = held.sum(0).float()
             idf = torch.log1p((len(held) - df + 0.5) / (df + 0.5)) * (df > 0)
-            picked.append((held.float() @ idf).topk(min(self.config.match_blocks, len(held))).indices)
+            top = (held.float() @ idf).topk(min(self.config.match_blocks, len(held)))
+            ratio = self.config.match_min_ratio
+            if ratio is not None:  # a block scoring under that share of the best is not read (-1)
+                picked.append(top.indices.masked_fill(top.values < ratio * top.values[:1], -1))
+            else:
+                picked.append(top.indices)
         best = torch.stack(picked)  # [B, min(m, pieces)]
         both = self.config.match_neighbours == "both"
+        unread = best < 0
         if not self.config.match_in_view:
-            after = (best + 1).clamp_max(count - 1)  # the last block's successor is in the window: it repeats it
+            after = (best + 1).clamp_max(count - 1).masked_fill(unread, -1)  # the last's successor is in the window
             if not both:
                 return torch.stack([best, after], dim=-1).flatten(1)
             return torch.stack([torch.where(best > 0, best - 1, -1), best, after], dim=-1).flatten(1)  # -1: none
         offsets = (-1, 0, 1) if both else (0, 1)
-        around = torch.stack([best + d for d in offsets], dim=-1).flatten(1)  # in view (or past it) from `count` on
+        around = torch.stack([(best + d).masked_fill(unread, -1) for d in offsets], dim=-1).flatten(1)
         named = around.tolist()
         for row in named:  # each block once: a later repeat names none
             row[:] = [j if 0 <= j < count and j not in row[:i] else -1 for i, j in enumerate(row)]
