@@ -53,7 +53,7 @@ class MemoryLM(HFLM):
     """lm-eval's `HFLM` around a `MemoryModel`: pass the instance (with `tokenizer`), or `pretrained` = a backbone
     (`"smollm2"`, a folder or a Hub id) plus either `adapter` = a saved memory adapter folder or `method` = a memory
     method wrapped without training (`method=infllm`, the training-free reader); any other keyword that is not
-    `HFLM`'s own is a config field of that method or adapter (`method=infllm,local_window=2048`). `memory=False`
+    `HFLM`'s own is a config field of that method or adapter (`method=infllm,window=2048`). `memory=False`
     evaluates the same model with each segment read alone (`MemoryModel.disable_memory`, the same-window
     baseline)."""
 
