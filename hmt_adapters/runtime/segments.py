@@ -251,7 +251,7 @@ class SegmentRuntime:
 
         `targets=None` means no target in this segment: the LM head then runs only when the logits are kept.
         `keep_hidden` returns the token slots' hidden states (the LM head's input) in place of the logits.
-        `skip` leading tokens get neither (no target there: `run`'s `logits_from`); None when none is left.
+        `skip` leading tokens get neither (no target there: `run`'s `logits_from`); no logits if it covers them all.
         """
         if targets is None and not keep_logits and not (self.memory_enabled and closes):
             return torch.zeros((), device=ids.device), ids.new_zeros(()), None, tensors  # nothing reads this segment
