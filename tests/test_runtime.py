@@ -147,6 +147,8 @@ def test_a_stream_in_short_chunks_runs_the_head_once_per_token_with_the_forward_
     state = model.init_memory(2)
     with pytest.raises(ValueError, match="logits_from=3"):
         model.runtime.run(ids, torch.ones_like(ids), ids, state, logits_from=3)
+    with torch.no_grad():  # every column left out: the segments are read, no logits come back
+        assert model.runtime.run(ids, torch.ones_like(ids), None, state, logits_from=24).logits is None
     with pytest.raises(ValueError, match=r"\[0, 24\].*got 25"):
         model.runtime.run(ids, torch.ones_like(ids), None, state, logits_from=25)
 

@@ -108,10 +108,10 @@ class SegmentRows:
             self.out = rows.new_empty(rows.shape[0], self.total, *rows.shape[2:])
         self.out[:, start : start + rows.shape[1]] = rows
 
-    def joined(self) -> torch.Tensor:
+    def joined(self) -> torch.Tensor | None:
+        """The rows joined, or None when no segment added any (`run(logits_from=T)`: no column has logits)."""
         if self.concatenate:
-            return torch.cat(self.parts, dim=1)
-        assert self.out is not None  # every segment added its rows
+            return torch.cat(self.parts, dim=1) if self.parts else None
         return self.out
 
 
@@ -168,7 +168,8 @@ class SegmentRuntime:
         not folded into the state (streaming keeps those tokens pending). With `keep_hidden=True` (and no `targets`)
         the result's `logits` are the tensors the LM head reads, one row per token (a fused LM head applies it).
         `logits_from=k` runs no LM head over the first k columns (read again only to rebuild their segment, as a
-        stream's pending tokens are): the logits are `[B, T - k, V]` and those columns take no target.
+        stream's pending tokens are): the logits are `[B, T - k, V]` (None for k = T) and those columns take no
+        target.
         """
         if keep_hidden and (targets is not None or not keep_logits):
             raise ValueError("`keep_hidden=True` returns the LM head's inputs: it takes no targets, keeps every row.")
