@@ -519,6 +519,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the same prompts (--model smollm2)",
     )
     p.add_argument(
+        "--reader-segments",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate the --reader-baseline readers only at these segment counts, each one of the evaluated "
+        "lengths (default: at every evaluated length): a training-free reader of 32k tokens takes minutes a "
+        "prompt on a CPU, where the trained memory's streaming is cheap",
+    )
+    p.add_argument(
         "--train-backbone",
         action="store_true",
         help="pretrained backbone: train all its weights too (full fine-tuning; the fine-tuned backbone is "
@@ -542,10 +552,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_reader_segments(args: argparse.Namespace) -> None:
+    """`--reader-segments` names lengths that are evaluated, and only with `--reader-baseline`."""
+    if args.reader_segments is None:
+        return
+    if not args.reader_baseline:
+        raise ValueError("--reader-segments chooses where the --reader-baseline readers run; name one with it.")
+    evaluated = sorted(set(args.levels + args.eval_segments))
+    if not set(args.reader_segments) <= set(evaluated):
+        raise ValueError(
+            f"--reader-segments {args.reader_segments}: each must be an evaluated length, one of {evaluated} "
+            "(--levels and --eval-segments)."
+        )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     options = parse_method_options(args.method_option)
     task_options = parse_task_options(args.task, args.task_option)
+    check_reader_segments(args)
     if args.reader_baseline and args.model == "tiny":
         raise ValueError("--reader-baseline reads with the pretrained backbone; --model tiny is trained from scratch.")
     if args.threads:
@@ -743,7 +768,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with model.disable_memory():
                 hits = answer_hits(model, on(data), chunk)
             report["accuracy"][str(n)]["memory_disabled"] = answer_summary(*(h.cpu() for h in hits), listed, positions)
-        for name, reader in readers.items():  # a training-free reader of the untrained backbone, the same prompts
+        here = readers if args.reader_segments is None or n in args.reader_segments else {}
+        for name, reader in here.items():  # a training-free reader of the untrained backbone, the same prompts
             hits = answer_hits(reader.to(device), on(data), chunk, f"{name} {n} segments", group=READER_GROUP)
             report["accuracy"][str(n)].setdefault("readers", {})[name] = {
                 **answer_summary(*(h.cpu() for h in hits), listed, positions),

@@ -21,7 +21,14 @@ from hmt_adapters.evaluation import (
     make_samples,
     score,
 )
-from hmt_adapters.evaluation.tasks import PASSKEY_HEAD, passkey, passkey_update, qa, variable_tracking
+from hmt_adapters.evaluation.tasks import (
+    PASSKEY_HEAD,
+    PASSKEY_QUESTIONS,
+    passkey,
+    passkey_update,
+    qa,
+    variable_tracking,
+)
 from hmt_adapters.training import token_nll
 from tiny import tiny_llama, tiny_tokenizer
 
@@ -128,6 +135,20 @@ def test_variable_tracking_chain_is_in_order():
     names = sample.answers
     assert sample.inserts[0].text == f"VAR {names[0]} = {sample.query}."
     assert [i.text for i in sample.inserts[1:]] == [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])]
+
+
+def test_the_passkey_asked_by_number_shares_no_word_of_the_needle_but_its_key_and_place():
+    """`question="number"`: the same key at the same depth, the prompt ending in a question whose only word in common
+    with the needle is "the" (a reader matching the question's words has nothing to find)."""
+    tok = tiny_tokenizer()
+    plain, number = (passkey(tok, 600, seed=4, depth=0.3, haystack="repeat", question=q) for q in PASSKEY_QUESTIONS)
+    assert plain.answers == number.answers and plain.inserts[0].text == number.inserts[0].text
+    assert tok.decode(number.input_ids).endswith(PASSKEY_QUESTIONS["number"])
+    words = lambda text: set(text.lower().replace("?", " ").replace(".", " ").split())  # noqa: E731
+    assert words(number.inserts[0].text) & words(PASSKEY_QUESTIONS["number"]) == {"the"}
+    assert len(number.input_ids) == 600
+    with pytest.raises(ValueError, match=r"`question` must be one of \['pass key', 'number'\], got 'digits'"):
+        passkey(tok, 600, question="digits")
 
 
 def test_passkey_update_asks_for_the_last_key_set():

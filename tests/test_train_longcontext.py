@@ -377,7 +377,7 @@ def test_task_options_reach_the_generator_and_unknown_ones_name_those_it_takes()
         assert position == last.position and last.position + last.num_tokens <= length - 2 * SEGMENT
     with pytest.raises(ValueError, match=r"\['update'\] is not a keyword of --task passkey_update.*'updates'"):
         recipe.parse_task_options("passkey_update", ["update=6"])
-    with pytest.raises(ValueError, match=r"\['updates'\] is not a keyword of --task passkey; it takes \[\]"):
+    with pytest.raises(ValueError, match=r"\['updates'\] is not a keyword of --task passkey; it takes \['question'\]"):
         recipe.parse_task_options("passkey", ["updates=6"])
 
 
@@ -416,6 +416,23 @@ def test_the_warmup_depth_stage_is_for_needle_tasks_only():
         recipe.warmup_depth("qa2", 0.5)
     with pytest.raises(ValueError, match="--model tiny is trained from scratch"):
         recipe.main(["--reader-baseline", "infllm", "--max-steps", "1"])
+
+
+def test_reader_segments_must_be_evaluated_lengths_of_a_reader():
+    """`--reader-segments` limits the training-free readers to some evaluated lengths; any other count, or no reader
+    to limit, is an error naming what is allowed."""
+    base = ["--levels", "2", "4", "--eval-segments", "16", "64"]
+    recipe.check_reader_segments(
+        recipe.parse_args([*base, "--reader-baseline", "infllm", "--reader-segments", "4", "64"])
+    )
+    with pytest.raises(
+        ValueError, match=r"--reader-segments \[8\]: each must be an evaluated length, one of \[2, 4, 16, 64\]"
+    ):
+        recipe.check_reader_segments(
+            recipe.parse_args([*base, "--reader-baseline", "infllm", "--reader-segments", "8"])
+        )
+    with pytest.raises(ValueError, match="--reader-segments chooses where the --reader-baseline readers run"):
+        recipe.main([*base, "--reader-segments", "4", "--max-steps", "1"])
 
 
 def test_full_attention_reader_equals_the_backbone_on_the_whole_prompt():
