@@ -140,7 +140,7 @@ def _depths(count: int, rng: random.Random, depth: float | None) -> list[float]:
     return sorted(rng.random() for _ in range(count))
 
 
-# The passkey's question, by the words it asks with: "number" shares only "the" with the needle (docs/trained_memory.md).
+# The passkey's question by the words it asks with: "number" shares only "the" with the needle (docs/trained_memory.md)
 PASSKEY_QUESTIONS = {
     "pass key": "\nWhat is the pass key? The pass key is",
     "number": "\nWhich number was hidden in the text above? The number was",
@@ -159,9 +159,9 @@ def passkey(
     """Passkey retrieval: "The pass key is 12345. Remember it." at `depth` (random if None), asked at the end.
 
     `question="number"` asks "Which number was hidden in the text above? The number was": no word of the needle but
-    "the", so a reader that picks past blocks by the question's words (the default `"infllm"`) has nothing to match, where a
-    model with the needle in view still answers (SmolLM2-135M: 25 of 30 prompts of 128 tokens, against 30 of 30 with
-    the "pass key" question; docs/trained_memory.md)."""
+    "the", so a reader that picks past blocks by the question's words (the default `"infllm"`) has nothing to match,
+    where a model with the needle in view still answers (SmolLM2-135M: 25 of 30 prompts of 128 tokens, against 30 of
+    30 with the "pass key" question; docs/trained_memory.md)."""
     if question not in PASSKEY_QUESTIONS:
         raise ValueError(f"`question` must be one of {list(PASSKEY_QUESTIONS)}, got {question!r}.")
     rng, hay = random.Random(seed), load_haystack(haystack, tokenizer)
