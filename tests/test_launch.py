@@ -138,3 +138,26 @@ def test_shipped_accelerate_configs_are_package_files():
     assert kinds == {"multi_process": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED"}
     with pytest.raises(ValueError, match="Unknown accelerate config 'cpu'.*multi_process"):
         accelerate_config("cpu")
+
+
+def test_the_lm_stages_train_armt_and_refuse_memory_tokens_it_does_not_have(tmp_path):
+    """`--method armt` (one process): both stages train the associative memory and save its adapter;
+    `--num-memory-tokens`, RMT's alone, is an error with it rather than ignored."""
+    texts = write_documents(tmp_path / "docs")
+    write_tiny_model(tmp_path / "model", texts)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, SCRIPT, "--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "docs")]
+    run = subprocess.run(
+        [*base, "--output", str(tmp_path / "run"), "--method", "armt", *TINY_RUN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    config = (tmp_path / "run" / "stage2" / "memory_config.json").read_text()
+    assert '"method": "armt"' in config and '"segment_length": 16' in config
+    refused = subprocess.run(
+        [*base, "--method", "armt", "--num-memory-tokens", "4"], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode != 0 and "--num-memory-tokens sizes RMT's memory; --method armt" in refused.stderr
