@@ -227,6 +227,7 @@ def trained_memory() -> str | None:
         "|---" * (len(segments) + 4) + "|",
     ]
     steps = {r["run"]: r["trained_steps"] for r in rows}
+    trained = {r["run"]: r["trains"] for r in rows}
     kinds = {
         (r["run"], r["method"]): r.get("reader", "memory disabled" if r["method"] == "none" else "trained")
         for r in rows
@@ -244,7 +245,7 @@ def trained_memory() -> str | None:
             low, high = wilson_interval(sum(scores), len(scores))
             out.append(f"{int(sum(scores))}/{len(scores)} [{low:.2f}, {high:.2f}]")
         kind = kinds[run, method]
-        reader = {"memory disabled": "memory disabled", "trained": f"`{method}`, trained"}.get(
+        reader = {"memory disabled": "memory disabled", "trained": f"`{method}`, trained ({trained[run]})"}.get(
             kind, f"`{method}`, training-free (untrained backbone)"
         )
         lines.append(f"| `{run}` | {task} | {reader} | {steps[run]} | " + " | ".join(out) + " |")

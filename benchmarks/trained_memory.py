@@ -6,7 +6,8 @@ line per evaluated sample, the trained memory's, the memory-disabled reader's an
 
 Each line: `method` (`"none"` for memory disabled, the reader's method for a training-free reader), `reader`
 (`trained`, `memory disabled` or `training-free`), `task`, `segments`, `segment_length`, `trained_steps`, `score`
-(exact match, 0 or 1), `answer_nll`, `depth`, `sample`, `run`, `device`, `dtype`, `commit`. A run collected again
+(exact match, 0 or 1), `answer_nll`, `depth`, `sample`, `run`, `trains` (what the run trained: `memory`,
+`memory + LoRA`, `memory + backbone`), `device`, `dtype`, `commit`. A run collected again
 replaces its own lines (keyed by run, method, segments and sample), so the file grows run by run. Seconds: it reads
 JSON. A run killed before its final evaluation has no samples yet: `--resume --max-steps <its step>` evaluates its
 last checkpoint.
@@ -21,6 +22,11 @@ from pathlib import Path
 from common import RESULTS
 
 OUT = RESULTS / "trained_memory.jsonl"
+
+
+def trains(args: dict) -> str:
+    """What a run trained beside the pretrained backbone: the memory alone, with LoRA or with all backbone weights."""
+    return "memory" + (" + LoRA" if args.get("lora") else "") + (" + backbone" if args.get("train_backbone") else "")
 
 
 def rows_of(run: Path) -> list[dict]:
@@ -38,6 +44,7 @@ def rows_of(run: Path) -> list[dict]:
         "lr": args["lr"],
         "batch_size": args["batch_size"],
         "backbone": args["model"],
+        "trains": trains(args),
     }
     rows = []
     for cell in report.get("accuracy", {}).values():

@@ -32,6 +32,7 @@ def test_a_report_becomes_one_line_per_sample_and_reader_and_a_run_replaces_its_
         ("none", 0.0)
     ] * 3
     assert {r["segments"] for r in rows} == {2} and rows[0]["trained_steps"] == 300 and rows[0]["commit"] == "abc"
+    assert {r["trains"] for r in rows} == {"memory"}  # neither --lora nor --train-backbone
     (run / "report.json").write_text(json.dumps(report([True, True, True], [False, False, False])))
     trained_memory.main([str(run)])
     rows = [json.loads(line) for line in (tmp_path / "trained_memory.jsonl").read_text().splitlines()]
@@ -57,3 +58,9 @@ def test_a_training_free_reader_on_the_same_prompts_gets_its_own_lines(tmp_path,
         ("infllm", "training-free", 1.0),
     ]
     assert {r["task"] for r in rows} == {"qa2"}
+
+
+def test_each_line_says_what_the_run_trained_beside_the_backbone():
+    assert trained_memory.trains({"lora": True, "train_backbone": False}) == "memory + LoRA"
+    assert trained_memory.trains({"lora": False, "train_backbone": True}) == "memory + backbone"
+    assert trained_memory.trains({}) == "memory"
