@@ -118,6 +118,23 @@ def transformers_releases(floor: str) -> list[str]:
     return [str(v) for v in sorted(rows)]
 
 
+def uncapped_source(target: Path) -> Path:
+    """The working tree's files (tracked, and untracked ones git does not ignore) copied to `target`, with the upper
+    bound of pyproject's transformers range dropped: the bound is the tested range itself, so a wheel that kept it
+    could never install the release a row or `--refresh-lock` is there to test (pip: no version satisfies both). The
+    rows pin transformers through their constraints; `--refresh-lock` gets the newest release pip serves."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, cwd=ROOT
+    )
+    for name in listed.stdout.decode().split("\0"):
+        if name and (ROOT / name).is_file():  # a tracked file deleted in the working tree is not copied
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    pyproject = target / "pyproject.toml"
+    pyproject.write_text(re.sub(r'"transformers>=([^,"]*),<[^"]*"', r'"transformers>=\1"', pyproject.read_text()))
+    return target
+
+
 class Venv:
     """A fresh venv under `work`, with the package installed from a wheel of the working tree."""
 
@@ -151,7 +168,8 @@ class Venv:
         if self.run([sys.executable, "-m", "venv", str(self.path)]).returncode:
             return f"could not create a venv at {self.path}"
         wheels = self.work / "wheel"
-        steps = [(["install", "-q", TORCH], None), (["wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], build)]
+        source = str(uncapped_source(self.work / "source"))
+        steps = [(["install", "-q", TORCH], None), (["wheel", "-q", "--no-deps", "-w", str(wheels), source], build)]
         for args, with_constraints in steps:
             done = self.pip(*args, constraints=with_constraints)
             if done.returncode:
