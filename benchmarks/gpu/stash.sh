@@ -2,7 +2,8 @@
 # benchmarks/gpu/carry.sh) in $W/wheels, which lives as long as the device machine stays warm, and installs it once
 # all of it has come. The caller sets W (state folder) and PY (python).
 #
-#   stash || exit 0   # 0: the wheels installed and SmolLM2 converted; 3: parts still to come (call again, carrying the next)
+#   stash; status=$?   # 0: the wheels installed and SmolLM2 converted; 3: parts still to come (call again carrying
+#                      # the next folder); 1: a step failed (its output says which)
 
 stash() {
   mkdir -p "$W/wheels"
