@@ -8,6 +8,8 @@ import importlib.util
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("version_matrix", ROOT / "tools" / "version_matrix.py")
 version_matrix = importlib.util.module_from_spec(spec)
@@ -27,3 +29,10 @@ def test_the_tested_copy_drops_only_the_transformers_ceiling(tmp_path):
     }
     assert (copy / "hmt_adapters" / "__init__.py").read_bytes() == (ROOT / "hmt_adapters" / "__init__.py").read_bytes()
     assert not (copy / ".venv").exists() and not (copy / ".git").exists()
+
+
+def test_the_range_is_rewritten_in_the_one_transformers_requirement_or_not_at_all():
+    text = '[project]\ndependencies = ["torch>=2.6", "transformers>=5.17.0,<5.25", "peft>=0.18.0"]\n'
+    assert version_matrix.with_transformers_range(text, ">=5.17.0,<5.26") == text.replace("<5.25", "<5.26")
+    with pytest.raises(ValueError, match="one `transformers>=...` requirement; found 0"):
+        version_matrix.with_transformers_range(text.replace("transformers", "tokenizers"), ">=1")

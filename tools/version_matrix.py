@@ -118,6 +118,15 @@ def transformers_releases(floor: str) -> list[str]:
     return [str(v) for v in sorted(rows)]
 
 
+def with_transformers_range(pyproject: str, spec: str) -> str:
+    """pyproject.toml's text with its transformers requirement replaced by `transformers<spec>` (e.g. `>=5.17.0`);
+    an error where the text holds no such requirement or several."""
+    text, count = re.subn(r'"transformers>=[^"]*"', f'"transformers{spec}"', pyproject)
+    if count != 1:
+        raise ValueError(f"pyproject.toml should hold one `transformers>=...` requirement; found {count}.")
+    return text
+
+
 def uncapped_source(target: Path) -> Path:
     """The working tree's files (tracked, and untracked ones git does not ignore) copied to `target`, with the upper
     bound of pyproject's transformers range dropped: the bound is the tested range itself, so a wheel that kept it
@@ -131,7 +140,8 @@ def uncapped_source(target: Path) -> Path:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, target / name)
     pyproject = target / "pyproject.toml"
-    pyproject.write_text(re.sub(r'"transformers>=([^,"]*),<[^"]*"', r'"transformers>=\1"', pyproject.read_text()))
+    floor = floors(tomllib.loads(pyproject.read_text()))["transformers"]
+    pyproject.write_text(with_transformers_range(pyproject.read_text(), f">={floor}"))
     return target
 
 
@@ -315,8 +325,7 @@ def refresh_lock(keep: bool) -> int:
     write_pins(LOCK, pins, LOCK_HEADER)
     floor = floors(tomllib.loads(PYPROJECT.read_text()))["transformers"]
     ceiling = next_minor(installed["transformers"])
-    text = re.sub(r'"transformers>=[^"]*"', f'"transformers>={floor},<{ceiling}"', PYPROJECT.read_text())
-    PYPROJECT.write_text(text)
+    PYPROJECT.write_text(with_transformers_range(PYPROJECT.read_text(), f">={floor},<{ceiling}"))
     compat = re.sub(
         r"TESTED_TRANSFORMERS: tuple\[str, str\] = \([^)]*\)",
         f'TESTED_TRANSFORMERS: tuple[str, str] = ("{floor}", "{ceiling}")',
