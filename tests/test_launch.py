@@ -53,6 +53,7 @@ def launchers(port: int) -> dict[str, list[str]]:
     """The commands docs/training.md documents, with a free port."""
     bin_dir = Path(sys.executable).parent
     return {
+        "python": [sys.executable],  # one process, no launcher
         "torchrun": [str(bin_dir / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port)],
         "accelerate": [
             str(bin_dir / "accelerate"),
@@ -76,9 +77,11 @@ def launchers(port: int) -> dict[str, list[str]]:
     }
 
 
-def run_example(launcher: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    texts = write_documents(tmp_path / "docs")
-    write_tiny_model(tmp_path / "model", texts)
+def run_example(launcher: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """examples/train_hmt.py's tiny run under `launcher`, with `extra` arguments after the tiny run's."""
+    if not (tmp_path / "model").is_dir():
+        texts = write_documents(tmp_path / "docs")
+        write_tiny_model(tmp_path / "model", texts)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = launchers(free_port())[launcher] + [
         SCRIPT,
@@ -89,6 +92,7 @@ def run_example(launcher: str, tmp_path: Path) -> subprocess.CompletedProcess:
         "--output",
         str(tmp_path / "run"),
         *TINY_RUN,
+        *extra,
     ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -143,21 +147,9 @@ def test_shipped_accelerate_configs_are_package_files():
 def test_the_lm_stages_train_armt_and_refuse_memory_tokens_it_does_not_have(tmp_path):
     """`--method armt` (one process): both stages train the associative memory and save its adapter;
     `--num-memory-tokens`, RMT's alone, is an error with it rather than ignored."""
-    texts = write_documents(tmp_path / "docs")
-    write_tiny_model(tmp_path / "model", texts)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, SCRIPT, "--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "docs")]
-    run = subprocess.run(
-        [*base, "--output", str(tmp_path / "run"), "--method", "armt", *TINY_RUN],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_example("python", tmp_path, "--method", "armt")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     config = (tmp_path / "run" / "stage2" / "memory_config.json").read_text()
     assert '"method": "armt"' in config and '"segment_length": 16' in config
-    refused = subprocess.run(
-        [*base, "--method", "armt", "--num-memory-tokens", "4"], env=env, capture_output=True, text=True
-    )
+    refused = run_example("python", tmp_path, "--method", "armt", "--num-memory-tokens", "4")
     assert refused.returncode != 0 and "--num-memory-tokens sizes RMT's memory; --method armt" in refused.stderr
