@@ -106,14 +106,14 @@ class _QuerySpy(AttentionContext):
         return call.run()
 
 
-QUERY_LAYOUTS = ["llama", "phi3", "gpt_neox", "gpt_bigcode", "gptj", "codegen", "glm"]
+QUERY_LAYOUTS = ["llama", "phi3", "gpt_neox", "gpt_bigcode", "gptj", "codegen", "glm", "falcon"]
 
 
-@pytest.mark.parametrize("family", [f for f in QUERY_LAYOUTS if f not in REFUSED])  # GPT-J/CodeGen: from 5.24
+@pytest.mark.parametrize("family", [f for f in QUERY_LAYOUTS if f not in REFUSED])  # GPT-J/CodeGen: 5.24, Falcon: 5.25
 def test_the_query_projection_is_the_one_the_attention_applies(family):
     """TRAMS scores memory with `layer_query`'s `W_q` and pre-attention norm: on families whose queries are a plain
     projection, `W_q norm(h) + b_q` is the query the attention receives (fused `qkv_proj` rows as [q; k; v] in Phi-3,
-    per model-parallel block as [q; v; k] in CodeGen; per head in GPT-NeoX)."""
+    per model-parallel block as [q; v; k] in CodeGen; per head in GPT-NeoX; per key/value group in Falcon)."""
     model = ha.wrap_with_memory(family_backbone(family), "transformer_xl", segment_length=8, memory_layers=[1])
     adapter = model.adapter
     inputs = []
@@ -130,3 +130,52 @@ def test_the_query_projection_is_the_one_the_attention_applies(family):
     B, T = ids.shape
     expected = query.view(B, T, adapter.num_heads, adapter.head_dim).transpose(1, 2)
     torch.testing.assert_close(context.queries[1], expected, atol=1e-5, rtol=1e-4)
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.got = kwargs.get(MEMORY_KWARG)
+        return x
+
+
+class _Layer(torch.nn.Module):
+    """Passes no keyword on to its attention (StableLM's layers; Falcon's from transformers 5.25)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.gradient_checkpointing = _Attention(), False
+
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self.attn(x)
+
+
+class _Body(torch.nn.Module):
+    """Passes no keyword on to its layers (Falcon's body from transformers 5.25)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(), _Layer()])
+
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_the_memory_keyword_reaches_attention_past_a_body_and_layers_that_drop_keywords():
+    body = _Body()
+    for layer in body.layers:  # as `_memory_kwarg_refusal` bridges them: layer to attention, then body to layer
+        fam.bridge_memory_kwarg(layer, layer.attn, MEMORY_KWARG)
+        fam.pass_memory_kwarg(body, layer, MEMORY_KWARG)
+    x = torch.ones(1, 2)
+    body(x, **{MEMORY_KWARG: "memory"})
+    assert [layer.attn.got for layer in body.layers] == ["memory", "memory"]
+    body(x)  # a call without memory is handed none: nothing is kept from the call before
+    assert [layer.attn.got for layer in body.layers] == [None, None]
+    body.train()
+    body.layers[1].gradient_checkpointing = True  # transformers' per-layer recomputation would read a later memory
+    with pytest.raises(RuntimeError, match=r"_Layer is checkpointed by transformers.*a later segment's memory"):
+        body(x, **{MEMORY_KWARG: "memory"})
+    with torch.no_grad():  # no recomputation without gradients
+        body(x, **{MEMORY_KWARG: "memory"})
+    assert [layer.attn.got for layer in body.layers] == ["memory", "memory"]

@@ -229,7 +229,6 @@ REFUSED = {
     "hunyuan_v1_dense": "not its RoPE rotation of the same keys",
     "deepseek_v3": "multi-head latent attention",
     "zamba2": "shared between layers",
-    "falcon": "attention interface",
     "bloom": "ALiBi",
     "mamba": "no attention layers",
     "mamba2": "no attention layers",
@@ -244,8 +243,9 @@ def bypasses_attention_interface(family: str) -> bool:
     return not hasattr(module, INTERFACE_NAME)
 
 
-# transformers 5.24 moved GPT-J and CodeGen onto the attention interface; on earlier releases they are refused
-RELEASE_DEPENDENT = ("gptj", "codegen")
+# transformers 5.24 moved GPT-J and CodeGen onto the attention interface, 5.25 Falcon; on earlier releases they are
+# refused
+RELEASE_DEPENDENT = ("gptj", "codegen", "falcon")
 REFUSED.update({f: "attention interface" for f in RELEASE_DEPENDENT if bypasses_attention_interface(f)})
 
 

@@ -250,22 +250,27 @@ class BackboneAdapter:
     def _memory_kwarg_refusal(self) -> str | None:
         previous = self.config._attn_implementation
         use_memory_attention(self.model)
-        probe = _CountLayers()
-        ids = torch.zeros(1, 2, dtype=torch.long, device=next(self.model.parameters()).device)
-        with torch.no_grad():
-            self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
-        missing = sorted(set(self.attention_layers) - probe.layers)
+        missing = self._layers_without_memory()
         if missing:  # layers that drop keyword arguments (StableLM): bridge the memory keyword by hooks, probe again
             for i in missing:
                 fam.bridge_memory_kwarg(self.decoder_layers[i], self.attention_module(i), MEMORY_KWARG)
-            probe = _CountLayers()
-            with torch.no_grad():
-                self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
-            missing = sorted(set(self.attention_layers) - probe.layers)
+            missing = self._layers_without_memory()
+        if missing:  # a body that does not pass them to its layers either (Falcon, transformers >= 5.25)
+            for i in missing:
+                fam.pass_memory_kwarg(self.body_module, self.decoder_layers[i], MEMORY_KWARG)
+            missing = self._layers_without_memory()
         if not missing:
             return None
         self.model.set_attn_implementation(previous)
         return f"the memory does not reach the attention of its layers {missing}"
+
+    def _layers_without_memory(self) -> list[int]:
+        """The attention layers whose attention function a 2-token probe through the body finds no memory in."""
+        probe = _CountLayers()
+        ids = torch.zeros(1, 2, dtype=torch.long, device=next(self.model.parameters()).device)
+        with torch.no_grad():
+            self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
+        return sorted(set(self.attention_layers) - probe.layers)
 
     @property
     def supports_attention_memory(self) -> bool:

@@ -58,10 +58,14 @@ def transform_logits(causal_lm: nn.Module, logits: torch.Tensor) -> torch.Tensor
 
 
 def kv_heads(config: Any) -> int | None:
-    """Key/value heads (GQA/MQA) under the names families use."""
-    if getattr(config, "multi_query", False):  # GPT-BigCode
+    """Key/value heads (GQA/MQA) under the names families use: one for `multi_query` (GPT-BigCode; Falcon outside
+    its new decoder architecture), else `num_key_value_heads`, else Falcon's `num_kv_heads`."""
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
         return 1
-    return getattr(config, "num_key_value_heads", None) or getattr(config, "num_kv_heads", None)
+    named = getattr(config, "num_key_value_heads", None)
+    if named:
+        return named
+    return getattr(config, "num_kv_heads", None)
 
 
 def find_layers(body: nn.Module, count: int) -> nn.ModuleList | None:
@@ -210,11 +214,15 @@ def query_projection(
     if fused is not None:  # [q ; k ; v] rows
         weight, bias = fused
         return weight[:width], None if bias is None else bias[:width]
-    qkv = linear_weights(getattr(attn, "query_key_value", None))  # GPT-NeoX: rows per head as [q_h ; k_h ; v_h]
-    if qkv is not None and qkv[0].shape[0] == 3 * width:
+    # GPT-NeoX, Falcon: rows per key/value group as [q_g1 .. q_gn ; k_g ; v_g] (GPT-NeoX and Falcon-7B's interleaved
+    # heads are groups of one query, Falcon's multi-query one group of all)
+    qkv = linear_weights(getattr(attn, "query_key_value", None))
+    groups, extra = divmod(qkv[0].shape[0] // head_dim - heads, 2) if qkv is not None else (0, 1)
+    if qkv is not None and not extra and groups > 0 and heads % groups == 0:
         weight, bias = qkv
-        w = weight.view(heads, 3, head_dim, -1)[:, 0].reshape(width, -1)
-        b = None if bias is None else bias.view(heads, 3, head_dim)[:, 0].reshape(width)
+        per = heads // groups
+        w = weight.view(groups, per + 2, head_dim, -1)[:, :per].reshape(width, -1)
+        b = None if bias is None else bias.view(groups, per + 2, head_dim)[:, :per].reshape(width)
         return w, b
     return None
 
@@ -247,7 +255,7 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     return None
 
 
-_KEPT = "_hmt_memory_kwarg"  # on an attention module: the memory keyword its decoder layer was called with
+_KEPT = "_hmt_memory_kwarg"  # on an attention module (decoder layer): the memory keyword of its layer's (body's) call
 
 
 def bridge_memory_kwarg(layer: nn.Module, attn: nn.Module, name: str) -> None:
@@ -260,15 +268,53 @@ def bridge_memory_kwarg(layer: nn.Module, attn: nn.Module, name: str) -> None:
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
         setattr(attn, _KEPT, kwargs.get(name))
 
+    setattr(attn, _KEPT, None)
+    layer.register_forward_pre_hook(keep, with_kwargs=True)
+    attn.register_forward_pre_hook(_hand_over(name), with_kwargs=True)
+
+
+def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
+    """Carry keyword `name` from the body's call into a decoder layer's call, for bodies that do not pass their
+    keyword arguments on to their layers (Falcon from transformers 5.25): the body's pre-hook keeps it, the layer's
+    pre-hook, put before the layer's other hooks (a method's, `bridge_memory_kwarg`'s), hands it over.
+
+    A layer recomputed on its own (transformers' gradient checkpointing on the backbone) would be handed a later
+    call's memory, so the layer's hook refuses that; this package's `gradient_checkpointing_enable()` recomputes whole
+    segments, body call included, and the memory follows."""
+    if hasattr(layer, _KEPT):
+        return
+
+    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        setattr(layer, _KEPT, kwargs.get(name))
+
+    hand_over = _hand_over(name)
+
+    def checked_hand_over(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if getattr(module, "gradient_checkpointing", False) and module.training and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{type(module).__name__} is checkpointed by transformers (`gradient_checkpointing_enable()` on the "
+                "backbone), but its model body does not pass the memory on to its layers, so a recomputed layer "
+                "would read a later segment's memory: turn it off on the backbone "
+                "(`gradient_checkpointing_disable()`) and call `gradient_checkpointing_enable()` on the memory model, "
+                "which recomputes whole segments."
+            )
+        return hand_over(module, args, kwargs)
+
+    setattr(layer, _KEPT, None)
+    body.register_forward_pre_hook(keep, with_kwargs=True)
+    layer.register_forward_pre_hook(checked_hand_over, with_kwargs=True, prepend=True)
+
+
+def _hand_over(name: str) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dict] | None]:
+    """A pre-hook that adds keyword `name` with the value kept on its module to a call that lacks it."""
+
     def hand_over(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         value = getattr(module, _KEPT, None)
         if value is None or name in kwargs:
             return None
         return args, {**kwargs, name: value}
 
-    setattr(attn, _KEPT, None)
-    layer.register_forward_pre_hook(keep, with_kwargs=True)
-    attn.register_forward_pre_hook(hand_over, with_kwargs=True)
+    return hand_over
 
 
 @contextlib.contextmanager
