@@ -31,19 +31,7 @@ cell() {  # cell NAME ARGS...: benchmarks/infllm.py on cuda into its own records
 
 collect() {  # wait, then every record not in the committed file, once, into $OUT/infllm_gpu.jsonl
   wait "${PIDS[@]}"
-  $PY - "$W/cells" "$OUT/infllm_gpu.jsonl" <<'EOF'
-import glob, json, sys
-from hmt_adapters.evaluation.records import load_records, record_key
-known = {record_key(r) for r in load_records("benchmarks/results/infllm.jsonl")}
-new = {}
-for path in sorted(glob.glob(sys.argv[1] + "/*.jsonl")):
-    for row in load_records(path):
-        if record_key(row) not in known:
-            new.setdefault(record_key(row), row)
-with open(sys.argv[2], "w") as f:
-    f.writelines(json.dumps(row) + "\n" for row in new.values())
-print(len(new), "new records")
-EOF
+  $PY benchmarks/gpu/new_records.py benchmarks/results/infllm.jsonl "$OUT/infllm_gpu.jsonl" "$W"/cells/*.jsonl
   tail -n 3 "$W"/logs/*.log
   nvidia-smi --query-gpu=name,memory.used --format=csv
 }

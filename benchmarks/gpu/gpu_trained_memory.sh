@@ -74,14 +74,7 @@ EOF
 if [ -n "${READER_PID:-}" ]; then
   wait "$READER_PID"; echo "[$(( $(date +%s) - T0 ))s] infllm reader exit $?"
   # the records this run added (those of the committed file are skipped), to append to benchmarks/results/infllm.jsonl
-  "$PY" - "$W/infllm.jsonl" "$OUT/infllm_gpu.jsonl" <<'EOF'
-import json, sys
-from hmt_adapters.evaluation.records import load_records, record_key
-known = {record_key(r) for r in load_records("benchmarks/results/infllm.jsonl")}
-new = [r for r in load_records(sys.argv[1]) if record_key(r) not in known]
-open(sys.argv[2], "w").writelines(json.dumps(r) + "\n" for r in new)
-print(len(new), "infllm-bf16 records:", sum(r["score"] for r in new), "correct")
-EOF
+  "$PY" benchmarks/gpu/new_records.py benchmarks/results/infllm.jsonl "$OUT/infllm_gpu.jsonl" "$W/infllm.jsonl"
   tr '\r' '\n' <"$W/reader.log" | grep -v -E '%\|' >"$OUT/reader.log"
 fi
 cp -f "$W/runs/$RUN/report.json" "$W/runs/$RUN/curves.png" "$OUT/" 2>/dev/null

@@ -86,3 +86,32 @@ def test_the_trained_memory_runbook_runs_at_toy_size_and_returns_its_per_sample_
     assert {(r["run"], r["segments"], r["trained_steps"]) for r in rows} == {("armt-smollm2-gpu", 2, 2)}
     assert sorted(r["reader"] for r in rows) == ["memory disabled"] * 2 + ["trained"] * 2
     assert json.loads((out / "report.json").read_text())["args"]["levels"] == [2]
+
+
+def test_new_records_keeps_what_the_committed_file_lacks_once(tmp_path):
+    """What both runbooks bring back: the run's records whose key the committed file lacks, each key once."""
+
+    def row(seed: int, score: float) -> dict:
+        return dict(reader="infllm", task="passkey", haystack="essays", length=8192, depth=0.5, seed=seed, score=score)
+
+    def write(name: str, rows: list[dict]) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    known = write("known.jsonl", [row(0, 1.0)])
+    first = write("a.jsonl", [row(0, 0.0), row(1, 1.0)])
+    second = write("b.jsonl", [row(1, 0.0), row(2, 1.0)])
+    out = tmp_path / "new.jsonl"
+    script = ROOT / "benchmarks" / "gpu" / "new_records.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(known), str(out), str(first), str(second)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["seed"], r["score"]) for r in rows] == [(1, 1.0), (2, 1.0)]  # seed 0 is known; seed 1's first record
+    assert done.stdout.strip() == "2 new records, 2.0 correct"
