@@ -207,6 +207,33 @@ def last_checkpoint(folder: str) -> dict[str, Any] | None:
     return None
 
 
+def finished_run(folder: str, max_steps: int) -> dict[str, Any] | None:
+    """The report of the run in `folder` if its training ended for good (its curriculum passed, or it ran `max_steps`
+    steps; its final adapter saved): `--resume` then trains no further and evaluates only what the report lacks (a
+    length, memory disabled, a reader) with the final adapter. A `--max-minutes` stop, or fewer steps than a resumed
+    run's `--max-steps` allows, continues training from the checkpoint."""
+    path = os.path.join(folder, "report.json")
+    if not os.path.isfile(path) or not os.path.isdir(os.path.join(folder, "adapter")):
+        return None
+    with open(path) as fh:
+        report = json.load(fh)
+    if "steps" not in report or report.get("time_limit_reached"):
+        return None
+    passed = report["steps"] < report["args"]["max_steps"]  # it stopped before its own step limit: all stages passed
+    return report if passed or report["steps"] >= max_steps else None
+
+
+def alone_view(data: dict[str, torch.Tensor], segment_length: int) -> dict[str, torch.Tensor]:
+    """What a model with memory disabled answers from: the prompts' last segment, where the layout puts question and
+    answer (each segment is read alone, so the earlier ones change nothing and need not be read); the whole prompts
+    where an answer token lies before it."""
+    length = data["input_ids"].shape[1]
+    last = length - (length - 1) // segment_length * segment_length  # the last span of `segment_spans`
+    if bool((data["labels"][:, : length - last] != IGNORE).any()):
+        return data
+    return {k: v[:, length - last :] for k, v in data.items()}
+
+
 def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:
     """Samples per training batch at `length` tokens: `batch_size`, fewer when that exceeds `batch_tokens` (at
     least 1)."""
@@ -577,8 +604,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)
     checkpoint = os.path.join(args.output, "checkpoint")
-    resumed = last_checkpoint(checkpoint) if args.resume else None
-    previous = checkpoint if resumed is not None else args.init_from
+    done = finished_run(args.output, args.max_steps) if args.resume else None
+    resumed = last_checkpoint(checkpoint) if args.resume and done is None else None
+    previous = args.output if done is not None else checkpoint if resumed is not None else args.init_from
     if args.model == "tiny" and previous:  # a previous tiny run's trained backbone and tokenizer
         base = AutoModelForCausalLM.from_pretrained(os.path.join(previous, "backbone"))
         tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.join(previous, "backbone"))
@@ -596,7 +624,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seg = args.segment_length
     longest = max(args.levels + args.eval_segments)
-    if resumed is not None:  # the last evaluation's adapter (memory and LoRA weights), trainable again
+    if done is not None:  # the final adapter of a run whose training ended
+        model = load_for_training(base, os.path.join(args.output, "adapter"), freeze)
+    elif resumed is not None:  # the last evaluation's adapter (memory and LoRA weights), trainable again
         model = load_for_training(base, os.path.join(checkpoint, "adapter"), freeze)
     elif args.init_from:  # the saved adapter (its config: method and options), everything trainable again
         model = load_for_training(base, os.path.join(args.init_from, "adapter"), freeze)
@@ -628,6 +658,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if resumed is not None:
         optimizer.load_state_dict(torch.load(os.path.join(checkpoint, "optimizer.pt"), weights_only=True))
         report["history"] = resumed["history"]
+    if done is not None:  # what it trained and evaluated is kept
+        kept = ("history", "accuracy", "last_level_trained", "steps", "train_seconds")
+        report.update({key: done[key] for key in kept if key in done})
     on = lambda data: {k: v.to(device) for k, v in data.items()}  # noqa: E731
     stages = [(n, None) for n in args.levels]
     first_depth = warmup_depth(args.task, args.warmup_depth)
@@ -666,6 +699,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if resumed is not None:
         stage, passed, first = resumed["stage"], resumed["passed"], resumed["step"] + 1
         steps_run = resumed["step"]
+    if done is not None:  # no training: straight to what the evaluation lacks
+        first = args.max_steps + 1
 
     def save_checkpoint(step: int) -> None:
         """The adapter, optimizer and curriculum position after `step`, written whole or not at all."""
@@ -740,48 +775,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             break
         save_checkpoint(step)
     bar.close()
-    report.update(last_level_trained=stages[stage][0], steps=steps_run, train_seconds=time.time() - start)
-    model.save_pretrained(os.path.join(args.output, "adapter"))
-    if not freeze and args.model == "tiny":  # the adapter holds the memory weights only; the tiny backbone goes beside
-        model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
-        tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
+    if done is None:
+        report.update(last_level_trained=stages[stage][0], steps=steps_run, train_seconds=time.time() - start)
+        model.save_pretrained(os.path.join(args.output, "adapter"))
+        if not freeze and args.model == "tiny":  # the adapter holds the memory weights only; the backbone goes beside
+            model.backbone.save_pretrained(os.path.join(args.output, "backbone"))
+            tokenizer.save_pretrained(os.path.join(args.output, "backbone"))
     save()
     depths = eval_depths(args.eval_samples) if args.task in NEEDLE_TASKS else None
     readers = {name: reader_baseline(name) for name in args.reader_baseline}
-    for n in sorted(set(args.levels + args.eval_segments)):
+    trained_to = report["last_level_trained"]
+    for n in sorted(set(args.levels + args.eval_segments)):  # what an earlier run of a resumed one measured is kept
         begin = time.time()
         data, positions = batch(
             args.task, tokenizer, n * seg, args.eval_samples, 2 * 10**6 + n, args.haystack, depths, task_options
         )
         listed = depths or [None] * args.eval_samples
         chunk = eval_chunk(args.eval_samples, seg, vocab)
-        hits = answer_hits(model, on(data), chunk, progress=f"eval {n} segments ({n * seg} tokens)")
-        report["accuracy"][str(n)] = {
-            "segments": n,
-            "tokens": n * seg,
-            **answer_summary(*(h.cpu() for h in hits), listed, positions),
-            "trained": n <= stages[stage][0],
-            "seconds": time.time() - begin,
-            "no_information_nll": report["no_information_nll"],
-        }
-        if args.memory_disabled_baseline:  # the same backbone and prompts, each segment read alone
+        if report["accuracy"].get(str(n), {}).get("samples") != args.eval_samples:
+            hits = answer_hits(model, on(data), chunk, progress=f"eval {n} segments ({n * seg} tokens)")
+            report["accuracy"][str(n)] = {
+                "segments": n,
+                "tokens": n * seg,
+                **answer_summary(*(h.cpu() for h in hits), listed, positions),
+                "trained": n <= trained_to,
+                "seconds": time.time() - begin,
+                "no_information_nll": report["no_information_nll"],
+            }
+        row = report["accuracy"][str(n)]
+        if args.memory_disabled_baseline and "memory_disabled" not in row:  # the same prompts, each segment alone
             with model.disable_memory():
-                hits = answer_hits(model, on(data), chunk)
-            report["accuracy"][str(n)]["memory_disabled"] = answer_summary(*(h.cpu() for h in hits), listed, positions)
+                hits = answer_hits(model, on(alone_view(data, seg)), chunk)
+            row["memory_disabled"] = answer_summary(*(h.cpu() for h in hits), listed, positions)
         here = readers if args.reader_segments is None or n in args.reader_segments else {}
         for name, reader in here.items():  # a training-free reader of the untrained backbone, the same prompts
+            if name in row.get("readers", {}):
+                continue
             hits = answer_hits(reader.to(device), on(data), chunk, f"{name} {n} segments", group=READER_GROUP)
-            report["accuracy"][str(n)].setdefault("readers", {})[name] = {
+            row.setdefault("readers", {})[name] = {
                 **answer_summary(*(h.cpu() for h in hits), listed, positions),
                 "memory_config": None if reader.memory_config is None else reader.memory_config.to_dict(),
             }
         save()
-        row = report["accuracy"][str(n)]
         alone = f", memory disabled {row['memory_disabled']['correct']}" if "memory_disabled" in row else ""
         alone += "".join(f", {name} {cell['correct']}" for name, cell in row.get("readers", {}).items())
         print(
             f"{n:6d} segments ({n * seg:8d} tokens)  exact {row['correct']}/{len(listed)}{alone}"
-            f"{'' if n <= stages[stage][0] else '  (never trained)'}",
+            f"{'' if n <= trained_to else '  (never trained)'}",
             flush=True,
         )
     report["total_seconds"] = time.time() - start

@@ -448,3 +448,36 @@ def test_full_attention_reader_equals_the_backbone_on_the_whole_prompt():
     assert hits.all(-1).tolist() == whole.all(-1).tolist()
     alone = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
     assert nll.tolist() == pytest.approx(((alone * answer).sum(-1) / answer.sum(-1)).tolist(), abs=1e-4)
+
+
+def test_memory_disabled_reads_the_last_segment_alone_to_the_same_answers():
+    """Each segment is read alone with memory disabled, so the answers (question and answer in the last segment) come
+    out the same from that segment alone; an answer token before it keeps the whole prompt."""
+    data, _ = passkey_batch(size=3, depths=[0.0, 0.5, 1.0])
+    model = recipe.build_model(tiny_llama(len(tiny_tokenizer())), "rmt", SEGMENT, 6).eval()
+    view = recipe.alone_view(data, SEGMENT)
+    assert view["input_ids"].shape[1] == SEGMENT
+    with model.disable_memory():
+        whole, alone = recipe.answer_hits(model, data, SEGMENT), recipe.answer_hits(model, view, SEGMENT)
+    assert torch.equal(whole[0], alone[0]) and torch.equal(whole[1], alone[1])
+    torch.testing.assert_close(whole[2], alone[2], atol=1e-5, rtol=1e-5)
+    early = {**data, "labels": data["labels"].clone()}
+    early["labels"][:, 0] = early["input_ids"][:, 0]
+    assert recipe.alone_view(early, SEGMENT) is early
+
+
+def test_resuming_a_finished_run_trains_no_further_and_evaluates_only_what_it_lacks(tmp_path):
+    args = ["--width", "32", "--max-steps", "2", "--eval-every", "1", "--levels", "2", "--batch-size", "2"]
+    args += ["--eval-size", "2", "--eval-samples", "3", "--output", str(tmp_path)]
+    first = recipe.main([*args, "--eval-segments", "3"])
+    weights = (tmp_path / "adapter" / "memory_adapter.safetensors").read_bytes()
+    saved = json.loads((tmp_path / "report.json").read_text())
+    del saved["accuracy"]["3"]  # as if killed before this length: it is measured again, with the final adapter
+    (tmp_path / "report.json").write_text(json.dumps(saved))
+    again = recipe.main([*args, "--eval-segments", "3", "4", "--resume"])
+    assert again["steps"] == first["steps"] == 2 and again["history"] == json.loads(json.dumps(first["history"]))
+    assert (tmp_path / "adapter" / "memory_adapter.safetensors").read_bytes() == weights
+    assert again["accuracy"]["2"] == json.loads(json.dumps(first["accuracy"]["2"]))  # kept, not measured again
+    assert again["accuracy"]["3"]["answer_nll"] == pytest.approx(first["accuracy"]["3"]["answer_nll"], abs=1e-5)
+    assert again["accuracy"]["3"]["memory_disabled"]["correct"] == first["accuracy"]["3"]["memory_disabled"]["correct"]
+    assert set(again["accuracy"]) == {"2", "3", "4"} and again["accuracy"]["4"]["samples"] == 3
