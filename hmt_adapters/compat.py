@@ -31,7 +31,7 @@ STATE_SPACE_CACHE_KWARG: str = "cache" if CACHE_KWARG == "cache" else "cache_par
 
 # The transformers releases the whole test suite passed on (floor inclusive, ceiling exclusive), kept equal to the
 # range in pyproject.toml by `python tools/version_matrix.py --refresh-lock` (docs/development.md).
-TESTED_TRANSFORMERS: tuple[str, str] = ("5.17.0", "5.25")
+TESTED_TRANSFORMERS: tuple[str, str] = ("5.17.0", "5.26")
 
 
 def cache_kwargs(cache: Any, state_space: bool = False) -> dict[str, Any]:
