@@ -32,7 +32,8 @@ and `--method-option key=value` (repeatable) sets any config field of the method
 Writes the adapter to `<output>/adapter` once training ends (for `--model tiny` also the trained backbone and its
 tokenizer to `<output>/backbone`; `--init-from <output>` continues from them) and `<output>/report.json`
 (provenance, arguments, curriculum history, accuracy per length) after every evaluation, so a cut-off run keeps what
-it measured, with the learning curves of that history in `<output>/curves.png`.
+it measured, with the learning curves of that history in `<output>/curves.png`. `--resume` continues a cut-off
+run from its last checkpoint, or, when its training ended, evaluates only what its report lacks.
 """
 
 from __future__ import annotations
