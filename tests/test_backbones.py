@@ -176,6 +176,7 @@ def test_the_memory_keyword_reaches_attention_past_a_body_and_layers_that_drop_k
     body.layers[1].gradient_checkpointing = True  # transformers' per-layer recomputation would read a later memory
     with pytest.raises(RuntimeError, match=r"_Layer is checkpointed by transformers.*a later segment's memory"):
         body(x, **{MEMORY_KWARG: "memory"})
+    body(x)  # nothing to hand over: nothing to refuse
     with torch.no_grad():  # no recomputation without gradients
         body(x, **{MEMORY_KWARG: "memory"})
     assert [layer.attn.got for layer in body.layers] == ["memory", "memory"]

@@ -290,7 +290,9 @@ def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
     hand_over = _hand_over(name)
 
     def checked_hand_over(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if getattr(module, "gradient_checkpointing", False) and module.training and torch.is_grad_enabled():
+        handed = hand_over(module, args, kwargs)
+        checkpointed = getattr(module, "gradient_checkpointing", False) and module.training
+        if handed is not None and checkpointed and torch.is_grad_enabled():
             raise RuntimeError(
                 f"{type(module).__name__} is checkpointed by transformers (`gradient_checkpointing_enable()` on the "
                 "backbone), but its model body does not pass the memory on to its layers, so a recomputed layer "
@@ -298,7 +300,7 @@ def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
                 "(`gradient_checkpointing_disable()`) and call `gradient_checkpointing_enable()` on the memory model, "
                 "which recomputes whole segments."
             )
-        return hand_over(module, args, kwargs)
+        return handed
 
     setattr(layer, _KEPT, None)
     body.register_forward_pre_hook(keep, with_kwargs=True)
