@@ -61,6 +61,7 @@ from hmt_adapters.cli import parse_options
 from hmt_adapters.compat import cache_kwargs, output_cache
 from hmt_adapters.evaluation import TASKS, tasks
 from hmt_adapters.evaluation.haystack import haystack_text
+from hmt_adapters.runtime import segment_spans
 from hmt_adapters.training import add_lora
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -228,11 +229,10 @@ def alone_view(data: dict[str, torch.Tensor], segment_length: int) -> dict[str, 
     """What a model with memory disabled answers from: the prompts' last segment, where the layout puts question and
     answer (each segment is read alone, so the earlier ones change nothing and need not be read); the whole prompts
     where an answer token lies before it."""
-    length = data["input_ids"].shape[1]
-    last = length - (length - 1) // segment_length * segment_length  # the last span of `segment_spans`
-    if bool((data["labels"][:, : length - last] != IGNORE).any()):
+    start, _ = segment_spans(data["input_ids"].shape[1], segment_length)[-1]
+    if bool((data["labels"][:, :start] != IGNORE).any()):
         return data
-    return {k: v[:, length - last :] for k, v in data.items()}
+    return {k: v[:, start:] for k, v in data.items()}
 
 
 def train_batch_size(batch_size: int, batch_tokens: int, length: int) -> int:

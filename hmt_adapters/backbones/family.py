@@ -265,11 +265,8 @@ def bridge_memory_kwarg(layer: nn.Module, attn: nn.Module, name: str) -> None:
     if hasattr(attn, _KEPT):
         return
 
-    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        setattr(attn, _KEPT, kwargs.get(name))
-
     setattr(attn, _KEPT, None)
-    layer.register_forward_pre_hook(keep, with_kwargs=True)
+    layer.register_forward_pre_hook(_keep(attn, name), with_kwargs=True)
     attn.register_forward_pre_hook(_hand_over(name), with_kwargs=True)
 
 
@@ -283,9 +280,6 @@ def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
     segments, body call included, and the memory follows."""
     if hasattr(layer, _KEPT):
         return
-
-    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        setattr(layer, _KEPT, kwargs.get(name))
 
     hand_over = _hand_over(name)
 
@@ -303,8 +297,17 @@ def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
         return handed
 
     setattr(layer, _KEPT, None)
-    body.register_forward_pre_hook(keep, with_kwargs=True)
+    body.register_forward_pre_hook(_keep(layer, name), with_kwargs=True)
     layer.register_forward_pre_hook(checked_hand_over, with_kwargs=True, prepend=True)
+
+
+def _keep(owner: nn.Module, name: str) -> Callable[[nn.Module, tuple, dict], None]:
+    """A pre-hook that keeps its call's keyword `name` (None for a call without it) on `owner`, to hand over."""
+
+    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        setattr(owner, _KEPT, kwargs.get(name))
+
+    return keep
 
 
 def _hand_over(name: str) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dict] | None]:
