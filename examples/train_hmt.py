@@ -9,6 +9,8 @@ the associative memory that learned the passkey on SmolLM2 (docs/trained_memory.
     python examples/train_hmt.py --corpus austen --stage1-steps 20 --stage2-steps 20 --output runs/hmt
     # LoRA on the backbone, per-segment checkpointing, deeper stage 2:
     python examples/train_hmt.py --lora --gradient-checkpointing --stage2-segments 15 ...
+    # a run that was cut off (save checkpoints often with --save-steps) continues where it stopped:
+    python examples/train_hmt.py ... --save-steps 10 --output runs/hmt --resume
     # the paper's protocol: loss on the last segment, a window ending at every segment, full-depth windows only:
     python examples/train_hmt.py --loss-segments 1 --stride-segments 1 --stage2-segments 15 --min-segments 15 ...
     # 2 processes (GPUs, or CPU with gloo), plain DDP or DeepSpeed ZeRO-2; a launch with fewer processes is an error:
@@ -77,6 +79,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--offload-activations", action="store_true", help="keep saved activations in CPU memory")
     p.add_argument("--deepspeed", default=None, help=f"{list(DEEPSPEED_CONFIGS)} or a DeepSpeed JSON file")
     p.add_argument("--save-steps", type=int, default=50)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a cut-off run in --output: finished stages are kept, a cut-off one from its last checkpoint",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--expect-processes", type=int, default=None, help="fail unless this many processes run (default: WORLD_SIZE)"
@@ -160,6 +167,7 @@ def main() -> None:
         loss_segments=args.loss_segments,
         stride_segments=args.stride_segments,
         callbacks=[LaunchReport(args.expect_processes)],
+        resume=args.resume,
     )
     if not state.is_main_process:
         return

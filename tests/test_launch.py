@@ -145,11 +145,15 @@ def test_shipped_accelerate_configs_are_package_files():
 
 
 def test_the_lm_stages_train_armt_and_refuse_memory_tokens_it_does_not_have(tmp_path):
-    """`--method armt` (one process): both stages train the associative memory and save its adapter;
-    `--num-memory-tokens`, RMT's alone, is an error with it rather than ignored."""
+    """`--method armt` (one process): both stages train the associative memory and save its adapter; `--resume` of
+    the finished run trains nothing; `--num-memory-tokens`, RMT's alone, is an error with it rather than ignored."""
     run = run_example("python", tmp_path, "--method", "armt")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     config = (tmp_path / "run" / "stage2" / "memory_config.json").read_text()
     assert '"method": "armt"' in config and '"segment_length": 16' in config
+    again = run_example("python", tmp_path, "--method", "armt", "--resume")  # the finished run: nothing to train
+    log = again.stdout + again.stderr
+    assert again.returncode == 0, log[-4000:]
+    assert len(re.findall(r"Stage 'stage\d' finished in an earlier run", log)) == 2 and "training step 1" not in log
     refused = run_example("python", tmp_path, "--method", "armt", "--num-memory-tokens", "4")
     assert refused.returncode != 0 and "--num-memory-tokens sizes RMT's memory; --method armt" in refused.stderr

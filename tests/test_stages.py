@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 
 import pytest
+import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import TrainerCallback
@@ -33,8 +35,13 @@ class Recorder(TrainerCallback):
     def __init__(self):
         self.starts = []
 
+        self.steps = 0
+
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         self.starts.append((len(train_dataloader.dataset[0]["input_ids"]), model.memory.memory_init.detach().clone()))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
 
 
 def documents(n: int = 4, length: int = 70) -> Dataset:
@@ -150,3 +157,61 @@ def test_paper_protocol_last_segment_loss_on_stride_windows_logs_the_real_depths
         n = int(mask.sum())
         start = (-(-n // SEGMENT) - 1) * SEGMENT + 1
         assert (labels[:start] == -100).all() and labels[start:n].equal(ids[start:n])
+
+
+def lora_hmt() -> ha.MemoryModel:
+    return ha.wrap_with_memory(
+        add_lora(tiny_backbone("llama"), dropout=0.0),
+        "hmt",
+        segment_length=SEGMENT,
+        sensory_length=2,
+        memory_window=4,
+        use_retrieval=False,
+    )
+
+
+def trained_weights(model: ha.MemoryModel) -> dict:
+    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def test_a_run_cut_off_in_stage_two_resumes_to_the_same_weights_as_a_straight_run(tmp_path):
+    stages = hmt_stages(stage1_steps=2, stage2_steps=3, stage2_segments=3)
+    args = {**ARGS, "save_strategy": "steps", "save_steps": 1, "seed": 0}
+    straight = train_stages(lora_hmt(), stages, documents(), str(tmp_path / "a"), training_args=args)
+    # what a run killed after stage 2's first step leaves: stage 1 finished, stage 2 with one checkpoint
+    cut = tmp_path / "b"
+    shutil.copytree(tmp_path / "a" / "stage1", cut / "stage1")
+    shutil.copytree(tmp_path / "a" / "stage2" / "checkpoint-1", cut / "stage2" / "checkpoint-1")
+    recorder = Recorder()
+    resumed = train_stages(
+        lora_hmt(), stages, documents(), str(cut), training_args=args, callbacks=[recorder], resume=True
+    )
+    assert [n for n, _ in recorder.starts] == [3 * SEGMENT]  # stage 1 not trained again
+    assert recorder.steps == 2  # stage 2 continued from its checkpoint, not from its start
+    assert resumed.memory_config.use_retrieval
+    expected, got = trained_weights(straight), trained_weights(resumed)
+    assert set(got) == set(expected) and any("lora" in k for k in got)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    losses = [
+        [h["loss"] for h in json.load(open(run / "stage2" / "trainer_state.json"))["log_history"] if "loss" in h]
+        for run in (tmp_path / "a", cut)
+    ]
+    # step 1 comes from the checkpoint's state; steps 2 and 3 were computed again, the same as the straight run's
+    assert len(losses[1]) == 3 and losses[1] == pytest.approx(losses[0], abs=1e-6)
+
+
+def test_resuming_a_finished_run_trains_nothing_and_returns_its_last_adapter(tmp_path):
+    stages = hmt_stages(stage1_steps=1, stage2_steps=1, stage2_segments=3)
+    trained = train_stages(lora_hmt(), stages, documents(), str(tmp_path), training_args=ARGS)
+    recorder = Recorder()
+    again = train_stages(
+        lora_hmt(), stages, documents(), str(tmp_path), training_args=ARGS, callbacks=[recorder], resume=True
+    )
+    assert recorder.starts == [] and recorder.steps == 0 and again.memory_config.use_retrieval
+    expected, got = trained_weights(trained), trained_weights(again)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=0, rtol=0, msg=name)
+    longer = hmt_stages(stage1_steps=1, stage2_steps=2, stage2_segments=3)
+    with pytest.raises(ValueError, match=r"Stage 'stage2' finished at step 1 .* max_steps=2"):
+        train_stages(lora_hmt(), longer, documents(), str(tmp_path), training_args=ARGS, resume=True)

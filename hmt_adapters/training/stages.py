@@ -10,6 +10,7 @@ segment) is `loss_segments=1, stride_segments=1`; each stage logs the depth its 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 from datasets import Dataset
 from transformers import TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 from ..data import WindowCollator, make_windows
 from ..data.windows import depth_summary
@@ -99,6 +101,22 @@ def _check_first_stage(model: MemoryModel, stage: Stage) -> None:
         )
 
 
+def _finished(stage: Stage, stage_dir: str) -> bool:
+    """Whether `stage` already ran to its end in `stage_dir` (its adapter and trainer state saved); an error when the
+    saved run stopped at another step count (a longer stage cannot continue a finished cosine schedule)."""
+    path = os.path.join(stage_dir, "trainer_state.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as fh:
+        done = json.load(fh)["global_step"]
+    if done != stage.max_steps:
+        raise ValueError(
+            f"Stage '{stage.name}' finished at step {done} in {stage_dir}, but the stage asks max_steps="
+            f"{stage.max_steps}; pass the same steps to resume, or a new output directory to train it again."
+        )
+    return True
+
+
 def _stage_args(base: dict[str, Any], stage: Stage, output_dir: str, deepspeed: str | None) -> TrainingArguments:
     values = {**DEFAULT_ARGS, **base, **stage.training_args, "output_dir": output_dir, "max_steps": stage.max_steps}
     if deepspeed is not None:
@@ -119,6 +137,7 @@ def train_stages(
     callbacks: Sequence[TrainerCallback] = (),
     loss_segments: int | None = None,
     stride_segments: int | None = None,
+    resume: bool = False,
 ) -> MemoryModel:
     """Train `model` through `stages` and return the last stage's model; each stage's adapter lands in
     `output_dir/<name>`.
@@ -128,6 +147,8 @@ def train_stages(
     are `TrainingArguments` values shared by all stages; `deepspeed` is a shipped config name or a JSON path.
     `loss_segments=k`: the loss (training and evaluation) covers only the predictions inside each window's last k
     segments. `stride_segments=s`: a window ends every s segments (default: windows tile without overlap).
+    `resume=True`: finished stages in `output_dir` are loaded, not trained; a cut-off stage continues from its last
+    checkpoint (save them with `save_steps`).
     """
     if not stages:
         raise ValueError("`stages` is empty; pass at least one Stage (see `hmt_stages`, `segment_curriculum`).")
@@ -155,14 +176,16 @@ def train_stages(
         segment_length=segment_length,
     )
     previous_dir: str | None = None
+    on_disk = False  # the previous stage finished in an earlier run: its weights are not in `model` yet
     for stage in stages:
-        if previous_dir is not None and stage.config:
-            runtime = model.memory_config.runtime_switches()
-            switches = {k: getattr(model.memory_config, k) for k in runtime}  # not in the saved adapter
-            model = MemoryModel.from_pretrained(
-                model.backbone, previous_dir, is_trainable=True, inplace=True, **{**switches, **stage.config}
-            )
         stage_dir = os.path.join(output_dir, stage.name)
+        if resume and _finished(stage, stage_dir):
+            logger.info("Stage '%s' finished in an earlier run: its adapter in %s is kept", stage.name, stage_dir)
+            previous_dir, on_disk = stage_dir, True
+            continue
+        if previous_dir is not None and (stage.config or on_disk):
+            model = _reload(model, previous_dir, stage.config)
+        on_disk = False
         windows: dict[str, Any] = dict(
             segment_length=segment_length,
             n_segments=stage.n_segments,
@@ -186,11 +209,23 @@ def train_stages(
             data_collator=collator,
             callbacks=list(callbacks),
         )
-        trainer.train()
+        checkpoint = get_last_checkpoint(stage_dir) if resume and os.path.isdir(stage_dir) else None
+        if checkpoint is not None:
+            logger.info("Stage '%s' continues from %s", stage.name, checkpoint)
+        trainer.train(resume_from_checkpoint=checkpoint)
         if evaluation is not None:
             trainer.evaluate()
         trainer.save_model()
         trainer.save_state()
         trainer.accelerator.wait_for_everyone()  # other ranks read the adapter rank 0 just wrote
         previous_dir = stage_dir
-    return model
+    return _reload(model, previous_dir, {}) if on_disk and previous_dir is not None else model
+
+
+def _reload(model: MemoryModel, adapter_dir: str, config: dict[str, Any]) -> MemoryModel:
+    """`model`'s backbone with the adapter saved in `adapter_dir` (changed by `config`), trainable, its runtime
+    switches kept (they are not in the saved adapter)."""
+    switches = {k: getattr(model.memory_config, k) for k in model.memory_config.runtime_switches()}
+    return MemoryModel.from_pretrained(
+        model.backbone, adapter_dir, is_trainable=True, inplace=True, **{**switches, **config}
+    )
