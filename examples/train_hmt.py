@@ -11,6 +11,8 @@ the associative memory that learned the passkey on SmolLM2 (docs/trained_memory.
     python examples/train_hmt.py --lora --gradient-checkpointing --stage2-segments 15 ...
     # a run that was cut off (save checkpoints often with --save-steps) continues where it stopped:
     python examples/train_hmt.py ... --save-steps 10 --output runs/hmt --resume
+    # stage 2's longer windows in 4 micro-batches of 2 (the same batch of 8, a quarter of the activation memory):
+    python examples/train_hmt.py --batch-size 8 --stage2-accumulation 4 ...
     # the paper's protocol: loss on the last segment, a window ending at every segment, full-depth windows only:
     python examples/train_hmt.py --loss-segments 1 --stride-segments 1 --stage2-segments 15 --min-segments 15 ...
     # 2 processes (GPUs, or CPU with gloo), plain DDP or DeepSpeed ZeRO-2; a launch with fewer processes is an error:
@@ -26,6 +28,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import replace
 
 import torch
 import transformers
@@ -73,6 +76,12 @@ def parse_args() -> argparse.Namespace:
         help="a window ends every s segments (paper: 1; default: no overlap)",
     )
     p.add_argument("--batch-size", type=int, default=2, help="per device")
+    p.add_argument(
+        "--stage2-accumulation",
+        type=int,
+        default=1,
+        help="stage 2 reaches --batch-size in k micro-batches (1/k of the activation memory of its longer windows)",
+    )
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lora", action="store_true", help="train LoRA (rank 8) on the backbone too")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute each segment in backward")
@@ -96,6 +105,11 @@ def main() -> None:
     args = parse_args()
     if args.num_memory_tokens is not None and args.method != "rmt":
         raise ValueError(f"--num-memory-tokens sizes RMT's memory; --method {args.method} takes none (HMT: one).")
+    if args.stage2_accumulation < 1 or args.batch_size % args.stage2_accumulation:
+        raise ValueError(
+            f"--stage2-accumulation must be a divisor of --batch-size {args.batch_size} (the micro-batch is their "
+            f"quotient), got {args.stage2_accumulation}."
+        )
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO)
     transformers.logging.set_verbosity_info()
     transformers.set_seed(args.seed)
@@ -140,6 +154,12 @@ def main() -> None:
             Stage(2, args.stage1_steps, "stage1", min_segments=min(args.min_segments, 2)),
             Stage(args.stage2_segments, args.stage2_steps, "stage2", min_segments=args.min_segments),
         ]
+    if args.stage2_accumulation > 1:  # the same optimizer steps over the same windows, in smaller pieces
+        micro = {
+            "per_device_train_batch_size": args.batch_size // args.stage2_accumulation,
+            "gradient_accumulation_steps": args.stage2_accumulation,
+        }
+        stages[1] = replace(stages[1], training_args=micro)
     cuda = torch.cuda.is_available()
     training_args = dict(
         per_device_train_batch_size=args.batch_size,

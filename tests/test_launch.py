@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hmt_adapters.training.launch import ACCELERATE_CONFIGS, accelerate_config, check_launch
 from launch_fixture import write_documents, write_tiny_model
@@ -157,3 +158,27 @@ def test_the_lm_stages_train_armt_and_refuse_memory_tokens_it_does_not_have(tmp_
     assert len(re.findall(r"Stage 'stage\d' finished in an earlier run", log)) == 2 and "training step 1" not in log
     refused = run_example("python", tmp_path, "--method", "armt", "--num-memory-tokens", "4")
     assert refused.returncode != 0 and "--num-memory-tokens sizes RMT's memory; --method armt" in refused.stderr
+
+
+def test_stage_two_in_micro_batches_trains_the_same_weights(tmp_path):
+    """`--stage2-accumulation 2`: stage 2 takes its batch of 2 in two micro-batches of 1 (half the activation memory of
+    its longer windows) and ends with the weights of the one-batch run; a count that does not divide the batch is an
+    error."""
+    from safetensors.torch import load_file
+
+    whole = run_example("python", tmp_path, "--batch-size", "2", "--output", str(tmp_path / "whole"))
+    assert whole.returncode == 0, (whole.stdout + whole.stderr)[-4000:]
+    split = run_example("python", tmp_path, "--batch-size", "2", "--stage2-accumulation", "2")
+    assert split.returncode == 0, (split.stdout + split.stderr)[-4000:]
+    args = torch.load(tmp_path / "run" / "stage2" / "training_args.bin", weights_only=False)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (1, 2)
+    expected = load_file(tmp_path / "whole" / "stage2" / "memory_adapter.safetensors")
+    got = load_file(tmp_path / "run" / "stage2" / "memory_adapter.safetensors")
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, atol=1e-5, rtol=1e-4, msg=name)
+    assert not torch.equal(
+        expected["memory_init"], load_file(tmp_path / "whole" / "stage1" / "memory_adapter.safetensors")["memory_init"]
+    )
+    refused = run_example("python", tmp_path, "--batch-size", "2", "--stage2-accumulation", "3")
+    assert refused.returncode != 0 and "--stage2-accumulation must be a divisor of --batch-size 2" in refused.stderr
