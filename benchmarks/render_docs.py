@@ -511,14 +511,15 @@ def ppl(corpus: str) -> Callable[[], str | None]:
         ]
         for name, row in runs.items():
             lines.append(f"| `{name}` | " + " | ".join(f"{row['ppl'][c]['bin']:.2f}" for c in lengths) + " |")
-        if "hmt" in runs:
-            last, hmt = lengths[-1], runs["hmt"]["ppl"][lengths[-1]]["bin"]
+        last = lengths[-1]
+        for memory in (m for m in ("hmt", "armt") if m in runs):  # the trained memories against every other run
+            mine = runs[memory]["ppl"][last]["bin"]
             deltas = [
-                f"{100 * (hmt / row['ppl'][last]['bin'] - 1):+.1f}% against `{name}`"
+                f"{100 * (mine / row['ppl'][last]['bin'] - 1):+.1f}% against `{name}`"
                 for name, row in runs.items()
-                if name != "hmt"
+                if name != memory
             ]
-            lines += ["", f"`hmt` perplexity at C = {last}: " + ", ".join(deltas) + " (negative: HMT is better)."]
+            lines += ["", f"`{memory}` perplexity at C = {last}: " + ", ".join(deltas) + " (negative: it is better)."]
         return "\n".join(lines)
 
     return render

@@ -1,5 +1,5 @@
 """benchmarks/render_docs.py: the README headline's rows of lm-eval's own RULER tasks land in the columns of the
-reader and length lm-eval ran, and nowhere else."""
+reader and length lm-eval ran, and nowhere else; the perplexity tables compare each trained memory with every run."""
 
 from __future__ import annotations
 
@@ -52,3 +52,21 @@ def test_full_attention_readers_are_named_not_described_by_infllm_fields():
     caption = render_docs.full_attention_readers(rows)
     assert "`yarn`: the bare model with transformers' YaRN" in caption and "`llama_cpp`: llama.cpp" in caption
     assert "llama_cpp_yarn" not in caption
+
+
+def test_each_trained_memory_gets_its_perplexity_against_every_other_run(monkeypatch):
+    def run(at_1k: float, at_2k: float) -> dict:
+        return {"ppl": {"1024": {"bin": at_1k}, "2048": {"bin": at_2k}}}
+
+    data = {
+        "documents": [{"title": "Persuasion", "tokens": 2048}],
+        "window": 288,
+        "stride": 64,
+        "provenance": {"git_commit": "0" * 40, "device": "cpu", "machine": "x86_64"},
+        "runs": {"baseline_sliding_window": run(40.0, 30.0), "hmt": run(41.0, 33.0), "armt": run(39.0, 27.0)},
+    }
+    monkeypatch.setattr(render_docs, "load", lambda name: data if name == "ppl_vs_length_austen" else None)
+    text = render_docs.ppl("austen")()
+    assert "| `armt` | 39.00 | 27.00 |" in text
+    assert "`hmt` perplexity at C = 2048: +10.0% against `baseline_sliding_window`, +22.2% against `armt`" in text
+    assert "`armt` perplexity at C = 2048: -10.0% against `baseline_sliding_window`, -18.2% against `hmt`" in text
