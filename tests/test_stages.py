@@ -48,16 +48,21 @@ def documents(n: int = 4, length: int = 70) -> Dataset:
     return Dataset.from_dict({"input_ids": random_ids(n, length).tolist()})
 
 
-def test_two_stages_hand_stage_one_weights_to_stage_two_with_retrieval(tmp_path):
-    model = ha.wrap_with_memory(
+def lora_hmt(**switches) -> ha.MemoryModel:
+    """A tiny LoRA + HMT model shaped for HMT's stage 1 (no retrieval)."""
+    return ha.wrap_with_memory(
         add_lora(tiny_backbone("llama"), dropout=0.0),
         "hmt",
         segment_length=SEGMENT,
         sensory_length=2,
         memory_window=4,
         use_retrieval=False,
-        offload_activations=True,
+        **switches,
     )
+
+
+def test_two_stages_hand_stage_one_weights_to_stage_two_with_retrieval(tmp_path):
+    model = lora_hmt(offload_activations=True)
     recorder = Recorder()
     final = train_stages(
         model,
@@ -157,17 +162,6 @@ def test_paper_protocol_last_segment_loss_on_stride_windows_logs_the_real_depths
         n = int(mask.sum())
         start = (-(-n // SEGMENT) - 1) * SEGMENT + 1
         assert (labels[:start] == -100).all() and labels[start:n].equal(ids[start:n])
-
-
-def lora_hmt() -> ha.MemoryModel:
-    return ha.wrap_with_memory(
-        add_lora(tiny_backbone("llama"), dropout=0.0),
-        "hmt",
-        segment_length=SEGMENT,
-        sensory_length=2,
-        memory_window=4,
-        use_retrieval=False,
-    )
 
 
 def trained_weights(model: ha.MemoryModel) -> dict:
