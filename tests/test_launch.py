@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from hmt_adapters.training.launch import ACCELERATE_CONFIGS, accelerate_config, check_launch
 from launch_fixture import write_documents, write_tiny_model
@@ -164,8 +165,6 @@ def test_stage_two_in_micro_batches_trains_the_same_weights(tmp_path):
     """`--stage2-accumulation 2`: stage 2 takes its batch of 2 in two micro-batches of 1 (half the activation memory of
     its longer windows) and ends with the weights of the one-batch run; a count that does not divide the batch is an
     error."""
-    from safetensors.torch import load_file
-
     whole = run_example("python", tmp_path, "--batch-size", "2", "--output", str(tmp_path / "whole"))
     assert whole.returncode == 0, (whole.stdout + whole.stderr)[-4000:]
     split = run_example("python", tmp_path, "--batch-size", "2", "--stage2-accumulation", "2")

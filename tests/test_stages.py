@@ -34,7 +34,6 @@ class Recorder(TrainerCallback):
 
     def __init__(self):
         self.starts = []
-
         self.steps = 0
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
