@@ -155,16 +155,24 @@ def family_softcap(call: AttentionCall) -> float | None:
     return None if call.impl in KERNELS_WITHOUT_SOFTCAP else call.kwargs.get("softcap")
 
 
+def family_sink_logits(call: AttentionCall) -> torch.Tensor | None:
+    """The learned per-head sink logits `[Hq]` the layer's own kernel adds to its softmax (GPT-OSS's `s_aux`: one
+    more logit per head, with no value), or None."""
+    return call.kwargs.get("s_aux")
+
+
 def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | None = None):
     """The layer's attention output `([B, q, Hq, D], None)` with `read` joined to its local keys.
 
     `gate` (the memory weight alpha in [0, 1], broadcastable to `[B, Hq, q, 1]`) switches from the joint softmax to
-    `alpha * Attn_mem + (1 - alpha) * Attn_local`.
+    `alpha * Attn_mem + (1 - alpha) * Attn_local`. A family's sink logits (`family_sink_logits`) join the softmax as
+    its own kernel adds them: through that kernel where memory is a prefix of its keys, else in `joint_attention`.
     """
     heads, q_len = call.query.shape[1], call.query.shape[2]
     shared_only = gate is None and read.pq_logits is None
     softcap = family_softcap(call)
-    if shared_only and q_len == 1 and not softcap and not call.dropout:  # one decoded token
+    sink_logits = family_sink_logits(call)
+    if shared_only and q_len == 1 and not softcap and not call.dropout and sink_logits is None:  # one decoded token
         scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
         if call.impl == "eager":  # explicit, as the user's kernel
             local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
@@ -176,7 +184,7 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
         return call.run_with_prefix(read.k, read.v, expand_heads(read.visible, heads))  # the user's kernel
     local = local_visibility(call.attention_mask, q_len, call.key.shape[2], call.query.device)
     scaling = call.scaling if call.scaling is not None else call.query.shape[-1] ** -0.5
-    fused = call.impl != "eager" and q_len > 1 and not softcap
+    fused = call.impl != "eager" and q_len > 1 and not softcap and sink_logits is None
     fast: torch.Tensor | None = None
     if shared_only and fused:  # memory per query head (TRAMS under GQA)
         fast = prefix_attention(call.query, call.key, call.value, local, read, scaling, call.dropout)
@@ -186,7 +194,9 @@ def attend_memory(call: AttentionCall, read: MemoryRead, gate: torch.Tensor | No
     out = (
         fast
         if fast is not None
-        else joint_attention(call.query, call.key, call.value, local, read, scaling, call.dropout, gate, softcap)
+        else joint_attention(
+            call.query, call.key, call.value, local, read, scaling, call.dropout, gate, softcap, sink_logits
+        )
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -430,9 +440,12 @@ def joint_attention(
     dropout: float = 0.0,
     gate: torch.Tensor | None = None,
     softcap: float | None = None,
+    sink_logits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`[B, Hq, q, D]`: softmax over `[per-query ; shared memory ; local]` logits (fp32), or the gated mix.
-    `softcap` caps every logit as the family's own attention does (`softcap * tanh(logit / softcap)`).
+    `softcap` caps every logit as the family's own attention does (`softcap * tanh(logit / softcap)`); `sink_logits`
+    `[Hq]` (`family_sink_logits`) join the softmax as one more logit per head with no value, as the family's own
+    attention adds them (under the gate: in the local softmax, the family's own attention).
 
     `query` `[B, Hq, q, D]` and local `key`/`value` `[B, Hkv, k, D]` are post-RoPE; `local_visible` is the layer's
     own mask as bool `[B|1, 1|Hq, q, k]`. A query without any visible memory entry gets local attention only
@@ -463,10 +476,11 @@ def joint_attention(
             start += width
         return torch.stack(parts).sum(0) if len(parts) > 1 else parts[0]
 
+    sink = [] if sink_logits is None else [sink_logits.float().view(1, -1, 1, 1).expand(*s_loc.shape[:3], 1)]
     if gate is None:
-        probs = torch.softmax(torch.cat(s_mem + [s_loc], dim=-1), dim=-1)
-        return weighted(probs, v_parts + [value])
+        probs = torch.softmax(torch.cat(s_mem + [s_loc] + sink, dim=-1), dim=-1)
+        return weighted(probs, v_parts + [value])  # a sink's column has no value: `weighted` stops before it
     mem_out = weighted(torch.softmax(torch.cat(s_mem, dim=-1), dim=-1), v_parts)
-    loc_out = weighted(torch.softmax(s_loc, dim=-1), [value])
+    loc_out = weighted(torch.softmax(torch.cat([s_loc] + sink, dim=-1), dim=-1), [value])
     alpha = torch.where(mem_any, gate.to(query.dtype), torch.zeros((), dtype=query.dtype))
     return alpha * mem_out + (1 - alpha) * loc_out

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...attention import AttentionCall, AttentionContext, local_visibility
-from ...memory.attend import additive_mask, head_mix, head_scores, parts_attention, query_slices
+from ...memory.attend import additive_mask, family_sink_logits, head_mix, head_scores, parts_attention, query_slices
 from ...method import Layout, MemoryMethod, Segment, State, compare_state
 from . import growing
 from .block_pages import BlockPages
@@ -427,13 +427,24 @@ class InfLLM(MemoryMethod):
             tail_rot = self._rotated_tail(layer, state, context, query)
         local_parts: list[Part] = [(tail_rot, *tail_rest), own_part]
         global_parts = [part for part in (kept_part, global_part) if part is not None]
-        softcap = call.kwargs.get("softcap")
+        softcap, sink_logits = call.kwargs.get("softcap"), family_sink_logits(call)
         received_needed = layer in context.record_layers and self.ranks_blocks
-        if self._one_kernel(query, query_global, global_parts, local_parts, softcap, received_needed):
+        if sink_logits is None and self._one_kernel(
+            query, query_global, global_parts, local_parts, softcap, received_needed
+        ):
             out = parts_attention(query, global_parts + local_parts, scaling)
         else:
             out = self._sliced_read(
-                layer, context, query, query_global, global_parts, local_parts, scaling, softcap, received_needed
+                layer,
+                context,
+                query,
+                query_global,
+                global_parts,
+                local_parts,
+                scaling,
+                softcap,
+                received_needed,
+                sink_logits,
             )
         if layer in context.record_layers and not received_needed:  # closed segment, no block ranked: zeros for
             # `update` whichever read ran, so the state does not depend on the path (`ranks_blocks`)
@@ -489,10 +500,13 @@ class InfLLM(MemoryMethod):
         scaling: float,
         softcap: float | None,
         received_needed: bool,
+        sink_logits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The joint softmax (eq. 1) a slice of queries at a time through explicit matmuls, `[B, Hq, q, D]`: the
         global parts read by `query_global`, the local ones by `query`. With `received_needed`, hands `update` the
-        attention each local key received, summed over the queries (`context.notes[layer]`)."""
+        attention each local key received, summed over the queries (`context.notes[layer]`). `sink_logits`: the
+        family's sink logits (`memory.attend.family_sink_logits`), one more entry of the softmax per head, with no
+        value."""
         batch, heads, q_len, _ = query.shape
         tail_len = local_parts[0][0].shape[2]
         keys = sum(part[0].shape[2] for part in global_parts + local_parts)
@@ -502,7 +516,7 @@ class InfLLM(MemoryMethod):
             if global_parts:
                 assert query_global is not None  # computed with the global part
                 sliced[:0] = [(query_global[:, :, rows], part) for part in global_parts]
-            probs = self._probabilities(sliced, rows, scaling, softcap)
+            probs = self._probabilities(sliced, rows, scaling, softcap, sink_logits)
             mixed = [head_mix(p.to(query.dtype), part[1]) for p, (_, part) in zip(probs, sliced)]
             outs.append(torch.stack(mixed).sum(0))
             if received_needed:  # attention each local key received, summed over queries
@@ -584,26 +598,34 @@ class InfLLM(MemoryMethod):
 
     @staticmethod
     def _probabilities(
-        sliced: list[tuple[torch.Tensor, Part]], rows: slice, scaling: float, softcap: float | None
+        sliced: list[tuple[torch.Tensor, Part]],
+        rows: slice,
+        scaling: float,
+        softcap: float | None,
+        sink_logits: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """One fp32 softmax (eq. 1) over the logits of every part, `(query rows, (keys, values, visibility))`, each
         masked by its visibility (None: all visible; a query that sees nothing gets a uniform row, no NaN); the
         probabilities come back per part. Without gradients every part's logits are written into one buffer
         (`head_scores(out=)`) and normalised by one `torch.softmax` over its rows, three passes where a softmax
         over separate parts takes six (docs/cost.md); when training through the backbone, autograd's softmax over
-        their concatenation."""
+        their concatenation. `sink_logits` `[Hq]`: one more logit per head after the parts (GPT-OSS), left out of the
+        probabilities returned."""
         masks = [mask if mask is None or mask.shape[-2] == 1 else mask[..., rows, :] for _, (_, _, mask) in sliced]
         widths = [k.shape[2] for _, (k, _, _) in sliced]
         low = torch.finfo(torch.float32).min
+        first = sliced[0][0]
+        sink = None if sink_logits is None else sink_logits.float().view(1, -1, 1, 1).expand(*first.shape[:-1], 1)
         if torch.is_grad_enabled() and any(t.requires_grad for q, (k, _, _) in sliced for t in (q, k)):
             logits = [head_scores(q * scaling, k).float() for q, (k, _, _) in sliced]
             if softcap:  # Gemma2's logit soft-capping, as the family's own attention applies it
                 logits = [torch.tanh(part / softcap) * softcap for part in logits]
             logits = [part if mask is None else part.masked_fill(~mask, low) for part, mask in zip(logits, masks)]
-            return list(torch.softmax(torch.cat(logits, dim=-1), dim=-1).split(widths, dim=-1))
-        first = sliced[0][0]
-        buffer = first.new_empty(*first.shape[:-1], sum(widths), dtype=torch.float32)
-        parts = buffer.split(widths, dim=-1)
+            probs = torch.softmax(torch.cat(logits + ([] if sink is None else [sink]), dim=-1), dim=-1)
+            return list(probs.split(widths + [probs.shape[-1] - sum(widths)], dim=-1))[: len(widths)]
+        buffer = first.new_empty(*first.shape[:-1], sum(widths) + (sink is not None), dtype=torch.float32)
+        split = widths + [buffer.shape[-1] - sum(widths)]  # a sink's column last, outside every part
+        parts = buffer.split(split, dim=-1)
         for (q, (k, _, _)), part in zip(sliced, parts):
             if q.dtype == torch.float32:
                 head_scores(q * scaling, k, out=part)
@@ -611,11 +633,13 @@ class InfLLM(MemoryMethod):
                 part.copy_(head_scores(q * scaling, k))
         if softcap:
             buffer.div_(softcap).tanh_().mul_(softcap)
+        if sink is not None:  # after the soft-cap, which the family applies to q.k only
+            buffer[..., -1:] = sink
         for part, mask in zip(parts, masks):
             if mask is not None:  # plus 0 / lowest (the same logits): a broadcast `masked_fill_` costs ~7x an `add_`
                 part.add_(additive_mask(mask, torch.float32))
         torch.ops.aten._softmax.out(buffer, -1, False, out=buffer)  # in place: each row is read before it is written
-        return list(buffer.split(widths, dim=-1))
+        return list(buffer.split(split, dim=-1))[: len(widths)]
 
     @staticmethod
     def _tail_visibility(tail_valid: torch.Tensor, call: AttentionCall, q_len: int) -> torch.Tensor | None:
