@@ -96,6 +96,29 @@ def test_soft_capped_attention_caps_memory_logits_as_the_family_does(kernel):
     torch.testing.assert_close(logits[1], logits[0], atol=2e-5, rtol=1e-4)
 
 
+def test_sink_logits_join_memory_reads_as_the_family_adds_them():
+    """GPT-OSS adds a learned sink logit per head to its softmax (`s_aux`): a top-k read covering the memory (one
+    explicit joint softmax, `joint_attention`) equals Transformer-XL's prefix through the family's own kernel, and
+    both differ from the same read without the sinks (so the sinks are not dropped on either path)."""
+    ids = random_ids(2, 4 * 8 + 5)
+    common = dict(segment_length=8, memory_size=20, memory_layers=[0, 1], positions="pos0")
+    logits = []
+    for method, extra, scale in (
+        ("transformer_xl", {}, 1.0),
+        ("memorizing_transformer", dict(topk=20), 1.0),
+        ("memorizing_transformer", dict(topk=20), 0.0),
+    ):
+        base = family_backbone("gpt_oss")
+        with torch.no_grad():
+            for layer in base.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-2.0, 3.0, layer.self_attn.sinks.numel()) * scale)
+        model = ha.wrap_with_memory(base, method, **common, **extra).eval()
+        with torch.no_grad():
+            logits.append(model(input_ids=ids).logits)
+    torch.testing.assert_close(logits[1], logits[0], atol=2e-5, rtol=1e-4)
+    assert (logits[2] - logits[0]).abs().max() > 1e-3
+
+
 class _QuerySpy(AttentionContext):
     """Records each layer's queries, un-rotated with the call's own RoPE."""
 
@@ -130,6 +153,21 @@ def test_the_query_projection_is_the_one_the_attention_applies(family):
     B, T = ids.shape
     expected = query.view(B, T, adapter.num_heads, adapter.head_dim).transpose(1, 2)
     torch.testing.assert_close(context.queries[1], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_next"])
+def test_a_gated_query_projection_gives_the_query_rows_of_each_head(family):
+    """Qwen3.5 and Qwen3-Next project each head's query and its output gate together (`q_proj` rows per head as
+    [q_h ; gate_h], then QK-norm): `layer_query`'s `W_q` is the query half, as the attention splits it."""
+    model = ha.wrap_with_memory(family_backbone(family), "trams", segment_length=8, memory_size=16, memory_layers=[1])
+    adapter = model.adapter
+    attn = adapter.attention_module(1)
+    h = torch.randn(2, 6, adapter.config.hidden_size)
+    with torch.no_grad():
+        w_q, b_q, _ = adapter.layer_query(1)
+        theirs = attn.q_proj(h).view(2, 6, adapter.num_heads, 2 * adapter.head_dim)[..., : adapter.head_dim]
+        ours = (h @ w_q.T + (0 if b_q is None else b_q)).view(2, 6, adapter.num_heads, adapter.head_dim)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
 
 
 class _Attention(torch.nn.Module):

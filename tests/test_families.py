@@ -1,4 +1,4 @@
-"""Every method on 41 Hugging Face causal-LM families (tiny random configs): each cell either matches the bare
+"""Every method on 51 Hugging Face causal-LM families (tiny random configs): each cell either matches the bare
 backbone with memory disabled and passes the method's round trips, or is refused with an error naming the method,
 the family and the reason; and on every family that takes attention memory, memory reads are exact (Transformer-XL
 with memory covering the document == the bare backbone). The support matrix in docs/support_matrix.md is this
@@ -202,3 +202,22 @@ def test_the_readme_support_matrix_is_this_matrix():
     reads.update({f: "state outside attention" for f in STATE_OUTSIDE_ATTENTION})
     recorded_reads = {f: entry["outcome"] for f, entry in recorded["memory_reads"].items() if f not in other}
     assert recorded_reads == {f: outcome for f, outcome in reads.items() if f not in other}
+
+
+def test_gemma4_with_one_head_width_takes_attention_memory_and_reads_exactly():
+    """The matrix's Gemma 4 has its checkpoints' wider full-attention heads and is refused; built with one head width
+    it is supported, and its layers that store keys for later ones (`shared_kv_states`) read memory exactly."""
+    fields = dict(global_head_dim=8)
+    assert memory_read_error("gemma4_text", SEGMENT, config_fields=fields) < MEMORY_READ_TOLERANCE
+    shared = dict(fields, num_hidden_layers=3, num_kv_shared_layers=1)  # layer 2 reuses layer 1's keys and values
+    shared["layer_types"] = ["sliding_attention", "full_attention", "full_attention"]
+    with pytest.raises(NotImplementedError, match="reuse the keys and values of earlier ones"):
+        ha.wrap_with_memory(family_backbone("gemma4_text", config_fields=shared), "armt", segment_length=SEGMENT)
+
+
+@pytest.mark.parametrize("method", INPUT_LEVEL + ("infllm",))
+def test_per_layer_token_embeddings_are_refused_naming_the_field(method):
+    """Gemma 4's per-layer inputs are looked up by token id, which memory slots lack: refused before any work."""
+    base = family_backbone("gemma4_text", config_fields=dict(hidden_size_per_layer_input=16))
+    with pytest.raises(NotImplementedError, match=r"config\.hidden_size_per_layer_input=16"):
+        ha.wrap_with_memory(base, method, segment_length=SEGMENT, **METHOD_CASES[method])

@@ -1,5 +1,5 @@
 """Every tiny model and tokenizer the tests build (no downloads): one random causal LM per backbone family used
-by the method cases (`tiny_backbone`); the family matrix's 41 Hugging Face causal-LM families (`family_backbone`:
+by the method cases (`tiny_backbone`); the family matrix's 51 Hugging Face causal-LM families (`family_backbone`:
 hidden 32, 2 layers, vocab 128, each family's own quirk switched on, such as partial rotary, QK-norm, MQA, logit
 scaling, multipliers, MoE, hybrid layers, so that a skipped family difference shows); and a byte-level BPE tokenizer
 with a Llama of its vocabulary for the long-context suite (`tiny_tokenizer`, `tiny_llama`)."""
@@ -113,6 +113,8 @@ _COMMON = dict(
     tie_word_embeddings=False,
 )
 
+_DELTA_NET = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
+
 # model_type -> overrides of _COMMON (each family's own quirk where it has one)
 FAMILY_CONFIGS: dict[str, dict] = {
     "llama": {},
@@ -185,6 +187,33 @@ FAMILY_CONFIGS: dict[str, dict] = {
         n_group=1,
         topk_group=1,
     ),
+    "gpt_oss": dict(  # sink logits, YaRN (its attention factor scales cos/sin) half the head wide, MoE
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=6,
+        rope_parameters=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=32.0, beta_slow=1.0
+        ),
+    ),
+    "llama4_text": dict(head_dim=8, num_local_experts=2, intermediate_size_mlp=64),  # complex RoPE, NoPE layers
+    "gemma4_text": dict(  # wider heads on its full-attention layers (as its checkpoints), no per-layer inputs
+        head_dim=8, global_head_dim=16, sliding_window=6, hidden_size_per_layer_input=0
+    ),
+    "qwen3_5_text": dict(head_dim=8, layer_types=["linear_attention", "full_attention"], **_DELTA_NET),
+    "qwen3_next": dict(  # Gated DeltaNet layers beside gated full attention, MoE
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        **_DELTA_NET,
+    ),
+    "olmo3": dict(sliding_window=6),
+    "seed_oss": dict(head_dim=8),  # biased q/k/v
+    "exaone4": dict(sliding_window=6),  # post-norm layers, QK-norm
+    "ministral3": dict(head_dim=8),
+    "cohere2": dict(sliding_window=6),  # interleaved RoPE on its sliding layers only
     "zamba2": dict(  # Mamba2 layers and a transformer block shared between its hybrid layers
         layers_block_type=["mamba", "hybrid"],
         mamba_d_state=8,
@@ -198,21 +227,24 @@ FAMILY_CONFIGS: dict[str, dict] = {
 FAMILY_NAMES = tuple(FAMILY_CONFIGS)
 
 
-@functools.cache
-def _config(family: str):
-    """The family's config; GQA heads only where the family has them (an unknown field would just sit there)."""
+def _config(family: str, fields: dict | None):
+    """The family's config, `fields` replacing the matrix's before the config derives anything from them; GQA heads
+    only where the family has them (an unknown field would just sit there)."""
     common = dict(_COMMON)
     if not hasattr(AutoConfig.for_model(family), "num_key_value_heads"):
         common.pop("num_key_value_heads")
-    return AutoConfig.for_model(family, **{**common, **FAMILY_CONFIGS[family]})
+    return AutoConfig.for_model(family, **{**common, **FAMILY_CONFIGS[family], **(fields or {})})
 
 
-def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> torch.nn.Module:
-    """A freshly initialised tiny `*ForCausalLM` of `family` in eval mode (config deep-copied: building mutates it).
+def family_backbone(
+    family: str, seed: int = 0, dtype: torch.dtype = torch.float32, config_fields: dict | None = None, **overrides
+) -> torch.nn.Module:
+    """A freshly initialised tiny `*ForCausalLM` of `family` in eval mode (`config_fields` build its config,
+    `overrides` are set on the built one).
 
     Norm weights are drawn at random around their initial value, as training leaves them: a norm initialised to the
     identity hides where it sits (a norm after RoPE commutes with the rotation only while its weight is constant)."""
-    config = copy.deepcopy(_config(family))
+    config = _config(family, config_fields)
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(seed)
@@ -228,6 +260,8 @@ def family_backbone(family: str, seed: int = 0, dtype: torch.dtype = torch.float
 REFUSED = {
     "hunyuan_v1_dense": "not its RoPE rotation of the same keys",
     "deepseek_v3": "multi-head latent attention",
+    "llama4_text": "complex frequencies",
+    "gemma4_text": "heads of different widths",
     "zamba2": "shared between layers",
     "bloom": "ALiBi",
     "mamba": "no attention layers",
@@ -250,7 +284,7 @@ REFUSED.update({f: "attention interface" for f in RELEASE_DEPENDENT if bypasses_
 
 
 # hybrids: the layers with attention, which attention-level memory must be given explicitly
-HYBRID_ATTENTION_LAYERS = {"jamba": [1], "bamba": [1], "lfm2": [1]}
+HYBRID_ATTENTION_LAYERS = {"jamba": [1], "bamba": [1], "lfm2": [1], "qwen3_5_text": [1], "qwen3_next": [1]}
 
 
 def layer_overrides(method: str, family: str) -> dict:
@@ -265,10 +299,10 @@ def layer_overrides(method: str, family: str) -> dict:
 
 # families with state outside attention (SSM / convolution layers) that restarts every segment: a memory over the
 # attention layers cannot make them read the whole document, so the exactness check below has nothing to compare with
-STATE_OUTSIDE_ATTENTION = ("jamba", "bamba", "lfm2", "falcon_h1")
+STATE_OUTSIDE_ATTENTION = ("jamba", "bamba", "lfm2", "falcon_h1", "qwen3_5_text", "qwen3_next")
 
 
-def memory_read_error(family: str, segment: int = 8) -> float:
+def memory_read_error(family: str, segment: int = 8, config_fields: dict | None = None) -> float:
     """Largest |logit| difference between Transformer-XL with memory covering the document and the bare backbone
     reading the whole document at the positions each token was read at: the stream positions on RoPE families (memory
     keys are re-rotated at their true distance), the segment's own positions on learned-position ones (OPT, GPT-2:
@@ -276,7 +310,7 @@ def memory_read_error(family: str, segment: int = 8) -> float:
     reads, not window semantics. fp32 noise is ~1e-7; an inexact re-rotation shows as ~1e-3."""
     import hmt_adapters as ha
 
-    base = family_backbone(family, sliding_window=MAX_POSITIONS)
+    base = family_backbone(family, config_fields=config_fields, sliding_window=MAX_POSITIONS)
     ids = torch.randint(0, FAMILY_VOCAB, (2, 3 * segment + 3), generator=torch.Generator().manual_seed(0))
     model = ha.wrap_with_memory(base, "transformer_xl", segment_length=segment, memory_size=MAX_POSITIONS).eval()
     stream = torch.arange(ids.shape[1])

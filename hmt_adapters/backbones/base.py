@@ -136,7 +136,10 @@ class BackboneAdapter:
 
     @property
     def body_module(self) -> nn.Module:
-        return self.model.base_model
+        """The decoder the LM head reads: `base_model`, or `.model` where the class's `base_model_prefix` names an
+        attribute it lacks (Llama 4's text-only class keeps the multimodal prefix "language_model")."""
+        body = self.model.base_model
+        return self.model.model if body is self.model and hasattr(self.model, "model") else body
 
     # ---- compute ---------------------------------------------------------------------------------------------
 
@@ -229,6 +232,13 @@ class BackboneAdapter:
             )
         if not attns:
             return "it has no attention layers (memory can only enter through input embeddings)"
+        widths = sorted({width for a in attns if isinstance(width := getattr(a, "head_dim", None), int)})
+        if len(widths) > 1:  # Gemma 4: wider heads on its full-attention layers
+            return f"its attention layers have heads of different widths {widths}, where memory stores one width"
+        if any(getattr(a, "is_kv_shared_layer", False) for a in attns):  # Gemma 3n, Gemma 4
+            return "its later layers reuse the keys and values of earlier ones, which per-layer memory does not follow"
+        if self.rope_module is not None and len(self._position_embeddings(*self._rope_probe, None)) != 2:
+            return "its rotary module hands complex frequencies (Llama 4), not the (cos, sin) memory re-positions by"
         return fam.attention_refusal(self.model, attns[0], self.rope_module)
 
     @property
@@ -306,15 +316,19 @@ class BackboneAdapter:
             return tuple(rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer)))
         return tuple(rope(like, position_ids=position_ids))
 
+    @property
+    def _rope_probe(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(position_ids, like)` at positions 0, 3 and -3 for probing the rotary module."""
+        first = next(self.model.parameters())
+        probe = torch.zeros(1, 1, first.shape[-1], dtype=first.dtype, device=first.device)
+        return torch.tensor([[0, 3, -3]], device=first.device), probe
+
     @functools.cached_property
     def _rope_form(self) -> tuple[bool, bool]:
         """`(sin first, negatives computed)`, by behaviour: the entry that is all zeros at position 0 is the sine
         (GPT-J and CodeGen hand `(sin, cos)`); a module that computes angles gives `(cos p, -sin p)` at `-p`, a table
         (GPT-J's) wraps negative indices around instead."""
-        first = next(self.model.parameters())
-        probe = torch.zeros(1, 1, first.shape[-1], dtype=first.dtype, device=first.device)
-        ids = torch.tensor([[0, 3, -3]], device=first.device)
-        a, b = (t.float() for t in self._position_embeddings(ids, probe, None))
+        a, b = (t.float() for t in self._position_embeddings(*self._rope_probe, None))
         sin_first = bool((a[:, 0] == 0).all() and not (b[:, 0] == 0).all())
         cos, sin = (b, a) if sin_first else (a, b)
         negatives = torch.allclose(cos[:, 2], cos[:, 1]) and torch.allclose(sin[:, 2], -sin[:, 1])
@@ -361,6 +375,8 @@ class BackboneAdapter:
             kwargs["position_embeddings"] = self._position_embeddings(position_ids, hidden, layer)
         if self.takes_position_ids:
             kwargs["position_ids"] = position_ids
+        if "shared_kv_states" in inspect.signature(module.forward).parameters:
+            kwargs["shared_kv_states"] = {}  # where a layer stores its keys for later layers (Gemma 4), none reuse
         try:
             with fam.kept_memory_kwarg(self.attention_module(layer), capture):
                 module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: its hooks see model calls only

@@ -120,15 +120,16 @@ def uses_rope(attn: nn.Module | None) -> bool:
     return bool(getattr(attn, "use_rope", True))
 
 
-def _qk_style(apply: Callable) -> RopeFunction:
-    """`apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` (Cohere, GLM, Helium, ERNIE 4.5, ...) as a function of
-    one tensor `[B, H, T, D]` and `cos, sin` broadcastable to `[B, H, T, Dc]`: the first `Dc` dims go through it."""
+def _qk_style(apply: Callable, narrow: bool) -> RopeFunction:
+    """`apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` as a function of one tensor `[B, H, T, D]` and `cos,
+    sin` broadcastable to `[B, H, T, Dc]`. `narrow`: the first `Dc` dims go through it (Cohere, GLM, Helium, ERNIE
+    4.5, ...); otherwise all `D` do, for a function that widens `cos, sin` itself (GPT-OSS: `Dc = D / 2`)."""
 
     def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        width = cos.shape[-1]
+        width = cos.shape[-1] if narrow else x.shape[-1]
         B, H, T = x.shape[:3]
         flat = x[..., :width].reshape(B * H, 1, T, width)
-        cos, sin = (t.expand(B, H, T, width).reshape(B * H, T, width) for t in (cos, sin))
+        cos, sin = (t.expand(B, H, T, t.shape[-1]).reshape(B * H, T, t.shape[-1]) for t in (cos, sin))
         rotated = apply(flat, flat, cos, sin)[1].reshape(B, H, T, width)
         return torch.cat([rotated, x[..., width:]], dim=-1)
 
@@ -153,30 +154,34 @@ def _tensor_sin_cos_style(apply: Callable) -> RopeFunction:
 def own_rope(attn: nn.Module | None) -> RopeFunction | None:
     """The family's own RoPE, `(x [B, H, T, D], cos, sin) -> x`, taken from its modeling module's
     `apply_rotary_pos_emb` where it rotates differently from Llama's half split (interleaved pairs as in Cohere, GLM,
-    Helium, ERNIE 4.5, GPT-J, CodeGen; cos/sin narrowed inside it); None where it is the usual one or not found.
+    Helium, ERNIE 4.5, GPT-J, CodeGen; cos/sin narrowed inside it; cos/sin half the head wide, as GPT-OSS hands
+    them); None where it is the usual one or not found.
 
-    Detected by behaviour: both functions rotate one random probe. Every such function is
-    `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries, so `attention.unrotate` inverts it exactly; the
-    adapter still checks at wrap time that keys re-rotated with it are the family's own (`BackboneAdapter`).
+    Detected by behaviour: the candidate readings of the function rotate one random probe, the first that runs is
+    compared with Llama's. Every such function is `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries,
+    so `attention.unrotate` inverts it exactly; the adapter still checks at wrap time that keys re-rotated with it
+    are the family's own (`BackboneAdapter`).
     """
     apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
     if not callable(apply):
         return None
     names = list(inspect.signature(apply).parameters)
-    if names[:4] == ["q", "k", "cos", "sin"]:
-        rope = _qk_style(apply)
-    elif names[:3] == ["tensor", "sin", "cos"]:
-        rope = _tensor_sin_cos_style(apply)
+    if names[:3] == ["tensor", "sin", "cos"]:
+        candidates = [_tensor_sin_cos_style(apply)]
+    elif names[:4] == ["q", "k", "cos", "sin"] or names == ["args", "kwargs"]:  # the `kernels` hub wrapper hides them
+        candidates = [_qk_style(apply, narrow=True), _qk_style(apply, narrow=False)]
     else:
         return None
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 1, 3, 16, generator=gen)
     cos, sin = torch.randn(2, 1, 1, 3, 8, generator=gen)
-    try:
-        theirs = rope(x, cos, sin)
-    except (RuntimeError, TypeError, ValueError, IndexError):
-        return None  # a form this wrapper does not know: the half split, checked at wrap time like every family
-    return None if torch.allclose(theirs, apply_rope(x, cos, sin)) else rope  # Llama's half split
+    for rope in candidates:
+        try:
+            theirs = rope(x, cos, sin)
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            continue  # a reading that does not fit this function
+        return None if torch.allclose(theirs, apply_rope(x, cos, sin)) else rope  # Llama's half split
+    return None  # a form this wrapper does not know: the half split, checked at wrap time like every family
 
 
 def linear_weights(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -198,11 +203,18 @@ def linear_weights(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None] | Non
 def query_projection(
     attn: nn.Module | None, heads: int, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """`(W_q [H*D, d], b_q)` of an attention module with a separate or a fused query projection (LoRA included)."""
+    """`(W_q [H*D, d], b_q)` of an attention module with a separate, gated or fused query projection (LoRA
+    included)."""
     if attn is None:
         return None
     width = heads * head_dim
     q = linear_weights(getattr(attn, "q_proj", None))
+    if (
+        q is not None and q[0].shape[0] == 2 * width
+    ):  # a gated query (Qwen3.5, Qwen3-Next): rows per head [q_h ; gate_h]
+        weight, bias = q
+        w = weight.view(heads, 2, head_dim, -1)[:, 0].reshape(width, -1)
+        return w, None if bias is None else bias.view(heads, 2, head_dim)[:, 0].reshape(width)
     if q is not None:
         return q
     fused = linear_weights(getattr(attn, "qkv_proj", None) or getattr(attn, "c_attn", None))  # Phi3; GPT-BigCode

@@ -22,7 +22,7 @@ def is_peft(model: nn.Module) -> bool:
 
 def check_causal_lm(model: nn.Module) -> None:
     """Refuse a bidirectional or encoder-decoder model (its tokens see later ones, so the memory would leak the
-    future) and a prompt-learning peft model."""
+    future), a prompt-learning peft model, and a body that needs token ids beside their embeddings."""
     inner = unwrap_causal_lm(model)
     for name, peft_config in (getattr(model, "peft_config", None) or {}).items() if inner is not model else ():
         if getattr(peft_config, "is_prompt_learning", False):
@@ -49,4 +49,13 @@ def check_causal_lm(model: nn.Module) -> None:
         raise ValueError(
             f"{cls} ({model_type}) runs as a bidirectional encoder because config.is_decoder is False: its tokens "
             "would see later tokens. Build it with is_decoder=True to use it as a causal LM."
+        )
+    per_layer = getattr(config, "hidden_size_per_layer_input", None)
+    if per_layer:
+        raise NotImplementedError(
+            f"{cls} ({model_type}) feeds every layer an embedding looked up by token id (per-layer inputs, "
+            f"config.hidden_size_per_layer_input={per_layer}). Memory runs the body from input embeddings, which "
+            "this family maps back to ids by an exact match against its whole vocabulary: memory slots match no "
+            "token, and the match compares segment x vocabulary x hidden-size entries (hundreds of GB at a real "
+            "model's shape). Checkpoints built with hidden_size_per_layer_input=0 are supported."
         )
