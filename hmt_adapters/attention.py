@@ -21,6 +21,13 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 PREFIX = "hmt_memory_"
 MEMORY_KWARG = "memory_context"  # keyword that carries attention-level memory to the patched attention function
+# Keywords a family's attention may hand its kernel that memory reads honour: the window's positions and cache flags
+# (the window's own mask already holds a sliding window), Gemma2's logit soft-cap and GPT-OSS's sink logits
+# (`memory.attend.family_softcap`, `family_sink_logits`). Any other keyword could change the family's softmax where
+# memory computes its own, so a family whose attention hands one is refused at wrap time (`BackboneAdapter`).
+KERNEL_KWARGS = frozenset(
+    {"position_ids", "cache_position", "use_cache", "output_attentions", "sliding_window", "softcap", "s_aux"}
+)
 
 # (position_ids, like, layer) -> (cos, sin) or, for a family rotating its own way, (cos, sin, its RoPE function)
 Rotary = Callable[..., "tuple | None"]

@@ -8,6 +8,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.attention import MEMORY_KWARG, AttentionContext
+from hmt_adapters.backbones import base as base_module
 from hmt_adapters.backbones import family as fam
 from hmt_adapters.backbones import get_backbone_adapter
 from tiny import FAMILY_NAMES, FAMILY_VOCAB, HYBRID_ATTENTION_LAYERS, REFUSED, family_backbone
@@ -117,6 +118,16 @@ def test_sink_logits_join_memory_reads_as_the_family_adds_them():
             logits.append(model(input_ids=ids).logits)
     torch.testing.assert_close(logits[1], logits[0], atol=2e-5, rtol=1e-4)
     assert (logits[2] - logits[0]).abs().max() > 1e-3
+
+
+def test_a_kernel_keyword_memory_does_not_apply_is_refused_by_name(monkeypatch):
+    """Memory reads honour the keywords of `attention.KERNEL_KWARGS`; a family whose attention hands its kernel any
+    other (here Gemma2's soft-cap, as if memory did not apply it) is refused at wrap time, naming it."""
+    monkeypatch.setattr(base_module, "KERNEL_KWARGS", base_module.KERNEL_KWARGS - {"softcap"})
+    base = family_backbone("gemma2")
+    with pytest.raises(NotImplementedError, match=r"hands its kernel \['softcap'\]"):
+        ha.wrap_with_memory(base, "transformer_xl", segment_length=8, memory_size=12)
+    assert base.config._attn_implementation == family_backbone("gemma2").config._attn_implementation  # as given
 
 
 class _QuerySpy(AttentionContext):

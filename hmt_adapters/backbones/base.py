@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import torch
 from torch import nn
 
-from ..attention import MEMORY_KWARG, rotate, unrotate, use_memory_attention
+from ..attention import KERNEL_KWARGS, MEMORY_KWARG, rotate, unrotate, use_memory_attention
 from ..compat import cache_kwargs, output_cache
 from . import family as fam
 
@@ -52,13 +52,16 @@ class _CaptureKV:
 
 
 class _CountLayers:
-    """An attention context that runs each layer unchanged and notes which layers it reached."""
+    """An attention context that runs each layer unchanged and notes which layers it reached and the keywords their
+    attention handed its kernel."""
 
     def __init__(self) -> None:
         self.layers: set[int] = set()
+        self.kwargs: set[str] = set()
 
     def attend(self, call: Any) -> Any:
         self.layers.add(call.layer)
+        self.kwargs.update(call.kwargs)
         return call.run()
 
 
@@ -67,6 +70,7 @@ class BackboneAdapter:
 
     model_types: ClassVar[tuple[str, ...]] = ()
     family: ClassVar[str] = "decoder"
+    _kernel_kwargs: set[str] = set()  # keywords the attention handed its kernel in the last probe
     takes_position_ids: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module):
@@ -269,17 +273,25 @@ class BackboneAdapter:
             for i in missing:
                 fam.pass_memory_kwarg(self.body_module, self.decoder_layers[i], MEMORY_KWARG)
             missing = self._layers_without_memory()
-        if not missing:
+        unknown = sorted(self._kernel_kwargs - KERNEL_KWARGS)
+        if not missing and not unknown:
             return None
         self.model.set_attn_implementation(previous)
-        return f"the memory does not reach the attention of its layers {missing}"
+        if missing:
+            return f"the memory does not reach the attention of its layers {missing}"
+        return (
+            f"its attention hands its kernel {unknown}, which memory reads do not apply where they compute their own "
+            f"softmax (those they do: {sorted(KERNEL_KWARGS)})"
+        )
 
     def _layers_without_memory(self) -> list[int]:
-        """The attention layers whose attention function a 2-token probe through the body finds no memory in."""
+        """The attention layers whose attention function a 2-token probe through the body finds no memory in (the
+        keywords those it reached handed their kernel: `_kernel_kwargs`)."""
         probe = _CountLayers()
         ids = torch.zeros(1, 2, dtype=torch.long, device=next(self.model.parameters()).device)
         with torch.no_grad():
             self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
+        self._kernel_kwargs = probe.kwargs
         return sorted(set(self.attention_layers) - probe.layers)
 
     @property
