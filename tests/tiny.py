@@ -196,7 +196,9 @@ FAMILY_CONFIGS: dict[str, dict] = {
             rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=32.0, beta_slow=1.0
         ),
     ),
-    "llama4_text": dict(head_dim=8, num_local_experts=2, intermediate_size_mlp=64),  # complex RoPE, NoPE layers
+    "llama4_text": dict(  # RoPE as complex frequencies on interleaved pairs, QK-norm, a NoPE layer, MoE
+        head_dim=8, num_local_experts=2, intermediate_size_mlp=64, no_rope_layers=[1, 0], use_qk_norm=True
+    ),
     "gemma4_text": dict(  # wider heads on its full-attention layers (as its checkpoints), no per-layer inputs
         head_dim=8, global_head_dim=16, sliding_window=6, hidden_size_per_layer_input=0
     ),
@@ -260,7 +262,6 @@ def family_backbone(
 REFUSED = {
     "hunyuan_v1_dense": "not its RoPE rotation of the same keys",
     "deepseek_v3": "multi-head latent attention",
-    "llama4_text": "complex frequencies",
     "gemma4_text": "heads of different widths",
     "zamba2": "shared between layers",
     "bloom": "ALiBi",

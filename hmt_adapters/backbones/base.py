@@ -57,10 +57,13 @@ class _CountLayers:
 
     def __init__(self) -> None:
         self.layers: set[int] = set()
+        self.positioned: set[int] = set()  # layers whose attention was handed `position_ids`
         self.kwargs: set[str] = set()
 
     def attend(self, call: Any) -> Any:
         self.layers.add(call.layer)
+        if call.kwargs.get("position_ids") is not None:
+            self.positioned.add(call.layer)
         self.kwargs.update(call.kwargs)
         return call.run()
 
@@ -71,6 +74,7 @@ class BackboneAdapter:
     model_types: ClassVar[tuple[str, ...]] = ()
     family: ClassVar[str] = "decoder"
     _kernel_kwargs: set[str] = set()  # keywords the attention handed its kernel in the last probe
+    _unpositioned: list[int] = []  # RoPE layers whose attention the last probe found without `position_ids`
     takes_position_ids: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module):
@@ -241,8 +245,6 @@ class BackboneAdapter:
             return f"its attention layers have heads of different widths {widths}, where memory stores one width"
         if any(getattr(a, "is_kv_shared_layer", False) for a in attns):  # Gemma 3n, Gemma 4
             return "its later layers reuse the keys and values of earlier ones, which per-layer memory does not follow"
-        if self.rope_module is not None and len(self._position_embeddings(*self._rope_probe, None)) != 2:
-            return "its rotary module hands complex frequencies (Llama 4), not the (cos, sin) memory re-positions by"
         return fam.attention_refusal(self.model, attns[0], self.rope_module)
 
     @property
@@ -273,12 +275,21 @@ class BackboneAdapter:
             for i in missing:
                 fam.pass_memory_kwarg(self.body_module, self.decoder_layers[i], MEMORY_KWARG)
             missing = self._layers_without_memory()
+        if not missing and self._unpositioned:  # layers that keep `position_ids` from their attention (Llama 4)
+            for i in self._unpositioned:
+                fam.bridge_memory_kwarg(self.decoder_layers[i], self.attention_module(i), "position_ids")
+            missing = self._layers_without_memory()
         unknown = sorted(self._kernel_kwargs - KERNEL_KWARGS)
-        if not missing and not unknown:
+        if not missing and not unknown and not self._unpositioned:
             return None
         self.model.set_attn_implementation(previous)
         if missing:
             return f"the memory does not reach the attention of its layers {missing}"
+        if self._unpositioned:
+            return (
+                f"its layers {self._unpositioned} do not hand `position_ids` to their attention, where memory "
+                "re-positions its RoPE keys"
+            )
         return (
             f"its attention hands its kernel {unknown}, which memory reads do not apply where they compute their own "
             f"softmax (those they do: {sorted(KERNEL_KWARGS)})"
@@ -292,6 +303,8 @@ class BackboneAdapter:
         with torch.no_grad():
             self.body(self.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: probe})
         self._kernel_kwargs = probe.kwargs
+        rotated = {i for i in probe.layers if self.rope_module is not None and fam.uses_rope(self.attention_module(i))}
+        self._unpositioned = sorted(rotated - probe.positioned)
         return sorted(set(self.attention_layers) - probe.layers)
 
     @property
@@ -321,12 +334,18 @@ class BackboneAdapter:
     def rope_module(self) -> Any:
         return getattr(self.body_module, "rotary_emb", None)
 
-    def _position_embeddings(self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None) -> tuple:
-        """What the body's rotary module hands layer `layer` at `position_ids` (the family's own order)."""
+    def _position_embeddings(self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None) -> Any:
+        """What the body's rotary module hands layer `layer` at `position_ids` (the family's own form)."""
         rope = self.rope_module
         if "layer_type" in inspect.signature(rope.forward).parameters:
-            return tuple(rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer)))
-        return tuple(rope(like, position_ids=position_ids))
+            return rope(like, position_ids, fam.layer_type(self.config, 0 if layer is None else layer))
+        return rope(like, position_ids=position_ids)
+
+    def _rope_pair(self, position_ids: torch.Tensor, like: torch.Tensor, layer: int | None) -> tuple:
+        """`_position_embeddings` as a pair in the family's order: `(cos, sin)`, `(sin, cos)`, or the real and
+        imaginary parts of complex frequencies `cos + i sin` (Llama 4's `freqs_cis`)."""
+        emb = self._position_embeddings(position_ids, like, layer)
+        return (emb.real, emb.imag) if isinstance(emb, torch.Tensor) and emb.is_complex() else tuple(emb)
 
     @property
     def _rope_probe(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,7 +359,7 @@ class BackboneAdapter:
         """`(sin first, negatives computed)`, by behaviour: the entry that is all zeros at position 0 is the sine
         (GPT-J and CodeGen hand `(sin, cos)`); a module that computes angles gives `(cos p, -sin p)` at `-p`, a table
         (GPT-J's) wraps negative indices around instead."""
-        a, b = (t.float() for t in self._position_embeddings(*self._rope_probe, None))
+        a, b = (t.float() for t in self._rope_pair(*self._rope_probe, None))
         sin_first = bool((a[:, 0] == 0).all() and not (b[:, 0] == 0).all())
         cos, sin = (b, a) if sin_first else (a, b)
         negatives = torch.allclose(cos[:, 2], cos[:, 1]) and torch.allclose(sin[:, 2], -sin[:, 1])
@@ -364,7 +383,7 @@ class BackboneAdapter:
         sign = None
         if not negatives and bool((position_ids < 0).any()):
             sign, position_ids = torch.where(position_ids < 0, -1.0, 1.0), position_ids.abs()
-        a, b = self._position_embeddings(position_ids, like, layer)
+        a, b = self._rope_pair(position_ids, like, layer)
         cos, sin = (b, a) if sin_first else (a, b)
         if sign is not None:
             sin = sin * sign[..., None].to(sin.dtype)
@@ -390,7 +409,7 @@ class BackboneAdapter:
         if "shared_kv_states" in inspect.signature(module.forward).parameters:
             kwargs["shared_kv_states"] = {}  # where a layer stores its keys for later layers (Gemma 4), none reuse
         try:
-            with fam.kept_memory_kwarg(self.attention_module(layer), capture):
+            with fam.kept_memory_kwarg(self.attention_module(layer), MEMORY_KWARG, capture):
                 module.forward(hidden_states=hidden, **kwargs)  # not `module(...)`: its hooks see model calls only
         except _Captured as got:
             return got.key, got.value

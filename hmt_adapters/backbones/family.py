@@ -136,6 +136,22 @@ def _qk_style(apply: Callable, narrow: bool) -> RopeFunction:
     return rope
 
 
+def _complex_style(apply: Callable) -> RopeFunction:
+    """`apply_rotary_emb(xq [B, T, H, D], xk, freqs_cis [B, T, D / 2])` (Llama 4: interleaved pairs times complex
+    frequencies `cos + i sin`) as a function of `[B, H, T, D]` and `cos, sin`."""
+
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, H, T, D = x.shape
+        if x.numel() == 0:  # an empty part (no stored tail yet), which its reshape cannot take
+            return x
+        flat = x.reshape(B * H, T, 1, D)
+        width = cos.shape[-1]
+        freqs = torch.complex(*(t.float().expand(B, H, T, width).reshape(B * H, T, width) for t in (cos, sin)))
+        return apply(flat, flat, freqs)[1].reshape(B, H, T, D)
+
+    return rope
+
+
 def _tensor_sin_cos_style(apply: Callable) -> RopeFunction:
     """`apply_rotary_pos_emb(tensor [B, T, H, D], sin, cos)` (GPT-J, CodeGen: interleaved pairs, `sin, cos` half the
     rotated width, the first `rotary_dim` dims rotated) as a function of `[B, H, T, D]` and `cos, sin`."""
@@ -155,19 +171,22 @@ def own_rope(attn: nn.Module | None) -> RopeFunction | None:
     """The family's own RoPE, `(x [B, H, T, D], cos, sin) -> x`, taken from its modeling module's
     `apply_rotary_pos_emb` where it rotates differently from Llama's half split (interleaved pairs as in Cohere, GLM,
     Helium, ERNIE 4.5, GPT-J, CodeGen; cos/sin narrowed inside it; cos/sin half the head wide, as GPT-OSS hands
-    them); None where it is the usual one or not found.
+    them; complex frequencies, Llama 4's `apply_rotary_emb`); None where it is the usual one or not found.
 
     Detected by behaviour: the candidate readings of the function rotate one random probe, the first that runs is
     compared with Llama's. Every such function is `x * g(cos) + pair(x) * g(sin)` with `g` a selection of entries,
     so `attention.unrotate` inverts it exactly; the adapter still checks at wrap time that keys re-rotated with it
     are the family's own (`BackboneAdapter`).
     """
-    apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    module = sys.modules.get(type(attn).__module__)
+    apply = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "apply_rotary_emb", None)
     if not callable(apply):
         return None
     names = list(inspect.signature(apply).parameters)
     if names[:3] == ["tensor", "sin", "cos"]:
         candidates = [_tensor_sin_cos_style(apply)]
+    elif names[:3] == ["xq", "xk", "freqs_cis"]:
+        candidates = [_complex_style(apply)]
     elif names[:4] == ["q", "k", "cos", "sin"] or names == ["args", "kwargs"]:  # the `kernels` hub wrapper hides them
         candidates = [_qk_style(apply, narrow=True), _qk_style(apply, narrow=False)]
     else:
@@ -267,17 +286,20 @@ def attention_refusal(causal_lm: nn.Module, attn: nn.Module, rope: nn.Module | N
     return None
 
 
-_KEPT = "_hmt_memory_kwarg"  # on an attention module (decoder layer): the memory keyword of its layer's (body's) call
+def _kept(name: str) -> str:
+    """The attribute a bridged module keeps keyword `name` of its caller's call in, to hand over."""
+    return f"_hmt_kept_{name}"
 
 
 def bridge_memory_kwarg(layer: nn.Module, attn: nn.Module, name: str) -> None:
     """Carry keyword `name` from a decoder layer's call into its attention's call, for layers that do not pass their
-    keyword arguments on (StableLM): the layer's pre-hook keeps it, the attention's pre-hook hands it over. Hooks run
-    again when a checkpointed layer is recomputed, so the memory follows."""
-    if hasattr(attn, _KEPT):
+    keyword arguments on (StableLM: the memory keyword; Llama 4: `position_ids`): the layer's pre-hook keeps it, the
+    attention's pre-hook hands it over. Hooks run again when a checkpointed layer is recomputed, so the memory
+    follows."""
+    if hasattr(attn, _kept(name)):
         return
 
-    setattr(attn, _KEPT, None)
+    setattr(attn, _kept(name), None)
     layer.register_forward_pre_hook(_keep(attn, name), with_kwargs=True)
     attn.register_forward_pre_hook(_hand_over(name), with_kwargs=True)
 
@@ -290,7 +312,7 @@ def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
     A layer recomputed on its own (transformers' gradient checkpointing on the backbone) would be handed a later
     call's memory, so the layer's hook refuses that; this package's `gradient_checkpointing_enable()` recomputes whole
     segments, body call included, and the memory follows."""
-    if hasattr(layer, _KEPT):
+    if hasattr(layer, _kept(name)):
         return
 
     hand_over = _hand_over(name)
@@ -308,7 +330,7 @@ def pass_memory_kwarg(body: nn.Module, layer: nn.Module, name: str) -> None:
             )
         return handed
 
-    setattr(layer, _KEPT, None)
+    setattr(layer, _kept(name), None)
     body.register_forward_pre_hook(_keep(layer, name), with_kwargs=True)
     layer.register_forward_pre_hook(checked_hand_over, with_kwargs=True, prepend=True)
 
@@ -317,7 +339,7 @@ def _keep(owner: nn.Module, name: str) -> Callable[[nn.Module, tuple, dict], Non
     """A pre-hook that keeps its call's keyword `name` (None for a call without it) on `owner`, to hand over."""
 
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        setattr(owner, _KEPT, kwargs.get(name))
+        setattr(owner, _kept(name), kwargs.get(name))
 
     return keep
 
@@ -326,7 +348,7 @@ def _hand_over(name: str) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dic
     """A pre-hook that adds keyword `name` with the value kept on its module to a call that lacks it."""
 
     def hand_over(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        value = getattr(module, _KEPT, None)
+        value = getattr(module, _kept(name), None)
         if value is None or name in kwargs:
             return None
         return args, {**kwargs, name: value}
@@ -335,14 +357,15 @@ def _hand_over(name: str) -> Callable[[nn.Module, tuple, dict], tuple[tuple, dic
 
 
 @contextlib.contextmanager
-def kept_memory_kwarg(attn: nn.Module | None, value: Any) -> Iterator[None]:
-    """Inside, a bridged attention module hands `value` over (for calls of the layer's `forward` without its hooks)."""
-    if attn is None or not hasattr(attn, _KEPT):
+def kept_memory_kwarg(attn: nn.Module | None, name: str, value: Any) -> Iterator[None]:
+    """Inside, an attention module bridged for keyword `name` hands `value` over (for calls of the layer's `forward`
+    without its hooks)."""
+    if attn is None or not hasattr(attn, _kept(name)):
         yield
         return
-    previous = getattr(attn, _KEPT)
-    setattr(attn, _KEPT, value)
+    previous = getattr(attn, _kept(name))
+    setattr(attn, _kept(name), value)
     try:
         yield
     finally:
-        setattr(attn, _KEPT, previous)
+        setattr(attn, _kept(name), previous)
