@@ -73,13 +73,15 @@ class BackboneAdapter:
 
     model_types: ClassVar[tuple[str, ...]] = ()
     family: ClassVar[str] = "decoder"
-    _kernel_kwargs: set[str] = set()  # keywords the attention handed its kernel in the last probe
-    _unpositioned: list[int] = []  # RoPE layers whose attention the last probe found without `position_ids`
     takes_position_ids: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module):
         self.model = cast("PreTrainedModel", unwrap_causal_lm(model))
         self.config: Any = self.model.config  # per-family fields (num_hidden_layers, ...), not in the base class
+        # what the last wrap-time probe saw (`_layers_without_memory`): the keywords the attention handed its kernel,
+        # and the RoPE layers whose attention got no `position_ids`
+        self._kernel_kwargs: set[str] = set()
+        self._unpositioned: list[int] = []
         out = self.model.get_output_embeddings()
         if out is not None and out.weight.shape[-1] != self.embed_dim:
             raise NotImplementedError(

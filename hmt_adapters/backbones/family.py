@@ -228,9 +228,8 @@ def query_projection(
         return None
     width = heads * head_dim
     q = linear_weights(getattr(attn, "q_proj", None))
-    if (
-        q is not None and q[0].shape[0] == 2 * width
-    ):  # a gated query (Qwen3.5, Qwen3-Next): rows per head [q_h ; gate_h]
+    gated = q is not None and q[0].shape[0] == 2 * width  # Qwen3.5, Qwen3-Next: rows per head [q_h ; gate_h]
+    if q is not None and gated:
         weight, bias = q
         w = weight.view(heads, 2, head_dim, -1)[:, 0].reshape(width, -1)
         return w, None if bias is None else bias.view(heads, 2, head_dim)[:, 0].reshape(width)
