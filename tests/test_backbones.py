@@ -48,12 +48,13 @@ def test_layer_kv_and_query_match_what_the_attention_computes(family):
     with torch.no_grad():
         adapter.body(adapter.embed(ids), torch.ones_like(ids), **{MEMORY_KWARG: context})
         k, v = adapter.layer_kv(layer, inputs[0])
-    assert k.shape == (2, adapter.num_kv_heads, 6, adapter.head_dim)
+    heads, width = adapter.layer_kv_shape(layer)  # the family's, or the layer's own (Gemma 4's full attention)
+    assert k.shape == (2, heads, 6, width)
     torch.testing.assert_close(k, context.records[layer][0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(v, context.records[layer][1], atol=1e-5, rtol=1e-4)
     w_q, b_q, _ = adapter.layer_query(layer)
-    assert w_q.shape == (adapter.num_heads * adapter.head_dim, inputs[0].shape[-1])
-    assert b_q is None or b_q.shape == (adapter.num_heads * adapter.head_dim,)
+    assert w_q.shape == (adapter.num_heads * width, inputs[0].shape[-1])
+    assert b_q is None or b_q.shape == (adapter.num_heads * width,)
 
 
 @pytest.mark.parametrize("family", ROPE_FULL)

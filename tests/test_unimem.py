@@ -218,7 +218,7 @@ def test_the_store_keeps_each_rows_newest_real_tokens_right_aligned_with_their_p
     take the sliced path, the padded ones the sorted one)."""
     gen = torch.Generator().manual_seed(0)
     masks = [[1] * length, [0] * 2 + [1] * (length - 2), [1] * (length - 1) + [0], [0] * length, [1] * length]
-    state = init_kv_state(2, [0], 1, 3, capacity, "cpu", torch.float32)
+    state = init_kv_state(2, {0: (1, 3)}, capacity, "cpu", torch.float32)
     kept: list[list[tuple[int, torch.Tensor]]] = [[], []]
     seen = [0, 0]
     for n, mask in enumerate(masks):

@@ -199,8 +199,13 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "llama4_text": dict(  # RoPE as complex frequencies on interleaved pairs, QK-norm, a NoPE layer, MoE
         head_dim=8, num_local_experts=2, intermediate_size_mlp=64, no_rope_layers=[1, 0], use_qk_norm=True
     ),
-    "gemma4_text": dict(  # wider heads on its full-attention layers (as its checkpoints), no per-layer inputs
-        head_dim=8, global_head_dim=16, sliding_window=6, hidden_size_per_layer_input=0
+    "gemma4_text": dict(  # its full-attention layers: wider heads, fewer of them, values = keys; no per-layer inputs
+        head_dim=8,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        sliding_window=6,
+        hidden_size_per_layer_input=0,
     ),
     "qwen3_5_text": dict(head_dim=8, layer_types=["linear_attention", "full_attention"], **_DELTA_NET),
     "qwen3_next": dict(  # Gated DeltaNet layers beside gated full attention, MoE
@@ -262,7 +267,6 @@ def family_backbone(
 REFUSED = {
     "hunyuan_v1_dense": "not its RoPE rotation of the same keys",
     "deepseek_v3": "multi-head latent attention",
-    "gemma4_text": "heads of different widths",
     "zamba2": "shared between layers",
     "bloom": "ALiBi",
     "mamba": "no attention layers",

@@ -242,9 +242,6 @@ class BackboneAdapter:
             )
         if not attns:
             return "it has no attention layers (memory can only enter through input embeddings)"
-        widths = sorted({width for a in attns if isinstance(width := getattr(a, "head_dim", None), int)})
-        if len(widths) > 1:  # Gemma 4: wider heads on its full-attention layers
-            return f"its attention layers have heads of different widths {widths}, where memory stores one width"
         if any(getattr(a, "is_kv_shared_layer", False) for a in attns):  # Gemma 3n, Gemma 4
             return "its later layers reuse the keys and values of earlier ones, which per-layer memory does not follow"
         return fam.attention_refusal(self.model, attns[0], self.rope_module)
@@ -393,8 +390,14 @@ class BackboneAdapter:
 
     # ---- per-layer attention access ----------------------------------------------------------------------------
 
-    def _split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
-        return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)  # [B, T, H*D] -> [B, H, T, D]
+    def layer_kv_shape(self, layer: int) -> tuple[int, int]:
+        """`(key/value heads, head width)` of layer `layer`'s attention, where memory stores its keys and values: the
+        family's sizes, or the layer's own where they differ by layer (Gemma 4's wider full-attention heads)."""
+        attn = self.attention_module(layer)
+        width = getattr(attn, "head_dim", None)
+        groups = getattr(attn, "num_key_value_groups", None)
+        heads = self.num_heads // groups if isinstance(groups, int) and groups > 0 else self.num_kv_heads
+        return heads, width if isinstance(width, int) else self.head_dim
 
     def _captured_kv(
         self, layer: int, hidden: torch.Tensor, position_ids: torch.Tensor
@@ -443,10 +446,13 @@ class BackboneAdapter:
         with torch.no_grad():
             for layer in self.attention_layers:
                 key, value = self._captured_kv(layer, hidden, here)
-                if key.shape[-1] != value.shape[-1] or key.shape[-1] != self.head_dim:
+                heads, width = self.layer_kv_shape(layer)
+                if key.shape[1] != heads:
+                    return f"its layer {layer}'s keys have {key.shape[1]} heads, not the {heads} memory stores"
+                if key.shape[-1] != value.shape[-1] or key.shape[-1] != width:
                     return (
                         f"its keys ({key.shape[-1]} wide per head) and values ({value.shape[-1]} wide) do not "
-                        f"share one head width (multi-head latent attention; head_dim {self.head_dim}), which "
+                        f"share one head width (multi-head latent attention; head_dim {width}), which "
                         "memory stores both at"
                     )
                 rope = self.rotary(here, hidden, layer)
@@ -465,7 +471,7 @@ class BackboneAdapter:
     def layer_query(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """`(W_q [Hq*D, d_model], b_q or None, weight of the norm before attention or None)` of layer `layer`."""
         block = self.decoder_layers[layer]
-        found = fam.query_projection(fam.find_attention(block), self.num_heads, self.head_dim)
+        found = fam.query_projection(fam.find_attention(block), self.num_heads, self.layer_kv_shape(layer)[1])
         if found is None:
             raise NotImplementedError(f"'{self.model_type}': no query projection found in layer {layer}'s attention.")
         norm = fam.attention_norm(block)

@@ -24,14 +24,17 @@ def _gather_tokens(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return x.gather(2, index)
 
 
-def init_kv_state(batch: int, layers, heads: int, dim: int, capacity: int, device, dtype) -> dict[str, torch.Tensor]:
-    """An empty store of `capacity` tokens for each layer in `layers`."""
+def init_kv_state(
+    batch: int, shapes: dict[int, tuple[int, int]], capacity: int, device, dtype
+) -> dict[str, torch.Tensor]:
+    """An empty store of `capacity` tokens for each layer of `shapes`, `{layer: (key/value heads, head width)}`
+    (`BackboneAdapter.layer_kv_shape`)."""
     state = {
         "pos": torch.zeros(batch, capacity, dtype=torch.long, device=device),
         "valid": torch.zeros(batch, capacity, dtype=torch.bool, device=device),
         "seen": torch.zeros(batch, dtype=torch.long, device=device),
     }
-    for i in layers:
+    for i, (heads, dim) in shapes.items():
         state[f"k.{i}"] = torch.zeros(batch, heads, capacity, dim, device=device, dtype=dtype)
         state[f"v.{i}"] = torch.zeros(batch, heads, capacity, dim, device=device, dtype=dtype)
     return state

@@ -62,8 +62,9 @@ class ElasticMemory(MemoryMethod):
         b, n = self.backbone, self.config.hippo_order
         state = {"length": torch.zeros(batch_size, dtype=torch.long, device=device)}
         for i in self.layers:
-            state[f"k.{i}"] = torch.zeros(batch_size, b.num_kv_heads, n, b.head_dim, device=device)
-            state[f"v.{i}"] = torch.zeros(batch_size, b.num_kv_heads, n, b.head_dim, device=device)
+            heads, width = b.layer_kv_shape(i)
+            state[f"k.{i}"] = torch.zeros(batch_size, heads, n, width, device=device)
+            state[f"v.{i}"] = torch.zeros(batch_size, heads, n, width, device=device)
         return state
 
     # ---- fixed matrices ---------------------------------------------------------------------------------------

@@ -116,13 +116,13 @@ class InfLLM(MemoryMethod):
         }
         if self.config.match_score == "tokens":  # the tail's token ids, kept with each block it is cut into
             state["tail.ids"] = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
-        empty_kv = (batch_size, b.num_kv_heads, 0, b.head_dim)
         for i in self.layers:
+            heads, width = b.layer_kv_shape(i)
             for part in ("tail", "sink"):
-                state[f"{part}.k.{i}"] = torch.zeros(empty_kv, device=device, dtype=store)
-                state[f"{part}.v.{i}"] = torch.zeros(empty_kv, device=device, dtype=store)
+                state[f"{part}.k.{i}"] = torch.zeros(batch_size, heads, 0, width, device=device, dtype=store)
+                state[f"{part}.v.{i}"] = torch.zeros(batch_size, heads, 0, width, device=device, dtype=store)
             state[f"tail.score.{i}"] = torch.zeros(batch_size, b.num_heads, 0, device=device)
-            state[f"repr.{i}"] = torch.zeros(batch_size, b.num_heads, 0, b.head_dim, device=device, dtype=store)
+            state[f"repr.{i}"] = torch.zeros(batch_size, b.num_heads, 0, width, device=device, dtype=store)
         return state
 
     def state_differences(self, tensors: State, dtype: torch.dtype) -> list[str]:
@@ -149,8 +149,8 @@ class InfLLM(MemoryMethod):
                 and int(parts[2]) in self.layers
                 and parts[3].isdigit()
             ):
-                index = int(parts[3])
-                want = (b.num_kv_heads, self.block, 1 if parts[1] in ("ks", "vs") else b.head_dim)
+                index, (heads, width) = int(parts[3]), b.layer_kv_shape(int(parts[2]))
+                want = (heads, self.block, 1 if parts[1] in ("ks", "vs") else width)
             else:
                 diffs.append(f"tensor {name!r} only in the state")
                 continue
@@ -217,7 +217,7 @@ class InfLLM(MemoryMethod):
         if self.config.select_per == "layer":
             scores = scores.sum(1, keepdim=True)
         else:
-            kv = self.backbone.num_kv_heads
+            kv = self.backbone.layer_kv_shape(layer)[0]
             scores = scores.view(scores.shape[0], kv, -1, count).sum(2)
         if excluded is not None:  # the question's blocks, read by a decoding step besides its own
             scores = scores.masked_fill(excluded, float("-inf"))
@@ -243,7 +243,7 @@ class InfLLM(MemoryMethod):
         weights = last.to(query_pre.dtype)[:, None, :, None]
         mean_q = (query_pre * weights).sum(2) / weights.sum(2).clamp_min(1)  # [B, Hq, D]
         batch, heads, dim = mean_q.shape
-        kv = self.backbone.num_kv_heads
+        kv = self.backbone.layer_kv_shape(layer)[0]
         grouped = mean_q.float().view(batch, kv, heads // kv, dim).sum(2)  # [B, Hkv, D]: a kv head's queries summed
         device = query_pre.device
         keys = torch.cat([self._block_kv(state, layer, b, device, torch.float32)[0] for b in range(count)], dim=2)
@@ -813,7 +813,7 @@ class InfLLM(MemoryMethod):
 
     def _cut_block(self, out: State) -> None:
         """The first `block_size` tail tokens become a block with one representative key per query head."""
-        size, heads, kv_heads = self.block, self.backbone.num_heads, self.backbone.num_kv_heads
+        size, heads = self.block, self.backbone.num_heads
         index = num_blocks(out, self.layers[0])
         tail_valid = out["tail.valid"]
         valid = tail_valid[:, :size]
@@ -832,7 +832,7 @@ class InfLLM(MemoryMethod):
             score = tail_score[:, :, :size].masked_fill(~valid[:, None, :], float("-inf"))
             out[f"tail.score.{i}"] = tail_score[:, :, size:]
             top = score.topk(self.config.representative_keys, dim=-1).indices  # [B, Hq, r]
-            per_head = block_k.float().repeat_interleave(heads // kv_heads, dim=1)  # [B, Hq, block, D]
+            per_head = block_k.float().repeat_interleave(heads // block_k.shape[1], dim=1)  # [B, Hq, block, D]
             chosen = per_head.gather(2, top[..., None].expand(-1, -1, -1, per_head.shape[-1]))
             rep = chosen.mean(2)[:, :, None]  # [B, Hq, 1, D]
             out[f"repr.{i}"] = growing.append(out[f"repr.{i}"], rep, dim=2)  # amortised: not a copy per block

@@ -130,11 +130,9 @@ class Melodi(MemoryMethod):
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
         b, s = self.backbone, self.config.summary_tokens
         state: State = {}
-        if self.long_term_layer is not None:
+        if (layer := self.long_term_layer) is not None:
             capacity = self.config.long_term_tokens * self.config.long_term_windows
-            state.update(
-                init_kv_state(batch_size, (self.long_term_layer,), b.num_kv_heads, b.head_dim, capacity, device, dtype)
-            )
+            state.update(init_kv_state(batch_size, {layer: b.layer_kv_shape(layer)}, capacity, device, dtype))
         if self.short_term_layers:
             state["z_valid"] = torch.zeros(batch_size, dtype=torch.bool, device=device)
             for i in self.short_term_layers:

@@ -48,10 +48,11 @@ class UniMem(MemoryMethod):
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> State:
         b, size = self.backbone, self.settings.memory_size
-        state = init_kv_state(batch_size, self.layers, b.num_kv_heads, b.head_dim, size, device, dtype)
+        shapes = {i: b.layer_kv_shape(i) for i in self.layers}
+        state = init_kv_state(batch_size, shapes, size, device, dtype)
         if self.settings.reading == "trams":  # each stored key's metric, computed once, when it is written
-            heads = b.num_heads if self.config.select_per == "query_head" else b.num_kv_heads
             for i in self.layers:
+                heads = b.num_heads if self.config.select_per == "query_head" else shapes[i][0]
                 state[f"score.{i}"] = torch.zeros(batch_size, heads, size, device=device, dtype=torch.float32)
         if self.tokens is not None:
             state.update(self.tokens.init_state(batch_size, device, dtype))
