@@ -32,7 +32,7 @@ from ...memory.kv import init_kv_state, push_kv
 from ...method import Layout, MemoryMethod, Segment, State
 from .config import MelodiConfig
 from .mixers import average_pool, mix, pass_summaries
-from .reads import Read, long_term_read, short_term_read
+from .reading import Read, long_term_read, short_term_read
 
 
 @dataclass
