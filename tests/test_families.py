@@ -1,4 +1,4 @@
-"""Every method on 51 Hugging Face causal-LM families (tiny random configs): each cell either matches the bare
+"""Every method on 53 Hugging Face causal-LM families (tiny random configs): each cell either matches the bare
 backbone with memory disabled and passes the method's round trips, or is refused with an error naming the method,
 the family and the reason; and on every family that takes attention memory, memory reads are exact (Transformer-XL
 with memory covering the document == the bare backbone). The support matrix in docs/support_matrix.md is this

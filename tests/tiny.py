@@ -1,5 +1,5 @@
 """Every tiny model and tokenizer the tests build (no downloads): one random causal LM per backbone family used
-by the method cases (`tiny_backbone`); the family matrix's 51 Hugging Face causal-LM families (`family_backbone`:
+by the method cases (`tiny_backbone`); the family matrix's 53 Hugging Face causal-LM families (`family_backbone`:
 hidden 32, 2 layers, vocab 128, each family's own quirk switched on, such as partial rotary, QK-norm, MQA, logit
 scaling, multipliers, MoE, hybrid layers, so that a skipped family difference shows); and a byte-level BPE tokenizer
 with a Llama of its vocabulary for the long-context suite (`tiny_tokenizer`, `tiny_llama`)."""
@@ -216,6 +216,19 @@ FAMILY_CONFIGS: dict[str, dict] = {
         moe_intermediate_size=32,
         **_DELTA_NET,
     ),
+    "nemotron_h": dict(  # one `mixer` per layer: Mamba2, then attention
+        hybrid_override_pattern="M*", mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1, head_dim=8
+    ),
+    "granitemoehybrid": dict(  # Granite 4.0: Mamba2 and attention layers, MoE, Granite's multipliers
+        layer_types=["mamba", "attention"],
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        shared_intermediate_size=32,
+    ),
     "olmo3": dict(sliding_window=6),
     "seed_oss": dict(head_dim=8),  # biased q/k/v
     "exaone4": dict(sliding_window=6),  # post-norm layers, QK-norm
@@ -289,7 +302,15 @@ REFUSED.update({f: "attention interface" for f in RELEASE_DEPENDENT if bypasses_
 
 
 # hybrids: the layers with attention, which attention-level memory must be given explicitly
-HYBRID_ATTENTION_LAYERS = {"jamba": [1], "bamba": [1], "lfm2": [1], "qwen3_5_text": [1], "qwen3_next": [1]}
+HYBRID_ATTENTION_LAYERS = {
+    "jamba": [1],
+    "bamba": [1],
+    "lfm2": [1],
+    "qwen3_5_text": [1],
+    "qwen3_next": [1],
+    "nemotron_h": [1],
+    "granitemoehybrid": [1],
+}
 
 
 def layer_overrides(method: str, family: str) -> dict:
@@ -304,7 +325,16 @@ def layer_overrides(method: str, family: str) -> dict:
 
 # families with state outside attention (SSM / convolution layers) that restarts every segment: a memory over the
 # attention layers cannot make them read the whole document, so the exactness check below has nothing to compare with
-STATE_OUTSIDE_ATTENTION = ("jamba", "bamba", "lfm2", "falcon_h1", "qwen3_5_text", "qwen3_next")
+STATE_OUTSIDE_ATTENTION = (
+    "jamba",
+    "bamba",
+    "lfm2",
+    "falcon_h1",
+    "qwen3_5_text",
+    "qwen3_next",
+    "nemotron_h",
+    "granitemoehybrid",
+)
 
 
 def memory_read_error(family: str, segment: int = 8, config_fields: dict | None = None) -> float:

@@ -91,8 +91,12 @@ def first_submodule(layer: nn.Module, names: tuple[str, ...]) -> nn.Module | Non
 
 
 def find_attention(layer: nn.Module) -> nn.Module | None:
-    """The decoder layer's self-attention module, or None (an SSM / convolution layer of a hybrid)."""
-    return first_submodule(layer, ATTENTION_NAMES)
+    """The decoder layer's self-attention module, or None (an SSM / convolution layer of a hybrid). A hybrid whose
+    layers hold one `mixer` of several kinds (Nemotron-H: Mamba2, attention or MLP) has attention where that mixer is
+    an attention class."""
+    found = first_submodule(layer, ATTENTION_NAMES)
+    mixer = getattr(layer, "mixer", None)
+    return found if found is not None or not type(mixer).__name__.endswith("Attention") else mixer
 
 
 def nested_attention(layer: nn.Module) -> str | None:
