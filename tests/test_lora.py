@@ -30,6 +30,8 @@ def lora_hmt(seed: int = 0, **kw) -> ha.MemoryModel:
 def test_targets_come_from_peft_per_architecture_and_unknown_ones_are_a_clear_error():
     assert lora_target_modules(tiny_backbone("llama")) == ["q_proj", "v_proj"]
     assert lora_target_modules(tiny_backbone("gpt2")) == ["c_attn"]
+    # an architecture newer than peft's table gets peft's Llama default where its attention has those projections
+    assert lora_target_modules(family_backbone("gpt_oss")) == ["q_proj", "v_proj"]
     with pytest.raises(ValueError, match="no default LoRA target modules for model type 'mamba'.*in_proj"):
         lora_target_modules(tiny_backbone("mamba"))
     with pytest.raises(ValueError, match="already carries peft adapters"):

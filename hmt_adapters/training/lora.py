@@ -20,13 +20,21 @@ DEFAULT_ALPHA = 32
 DEFAULT_DROPOUT = 0.1
 
 
+# peft's default for Llama-style attention, used for an architecture peft has no entry for (newer than its table:
+# GPT-OSS, Gemma 4, Qwen3.5, ...) whose attention projects queries and values by these names
+LLAMA_STYLE_TARGETS = ["q_proj", "v_proj"]
+
+
 def lora_target_modules(model: nn.Module) -> list[str]:
     """peft's default LoRA targets for `model`'s architecture (e.g. `q_proj`, `v_proj` for Llama, `c_attn` for
-    GPT-2)."""
+    GPT-2); for an architecture without an entry in peft's table, its Llama default where the model has linear
+    layers of those names."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type or "")
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    if not targets and set(LLAMA_STYLE_TARGETS) <= set(linear):
+        return list(LLAMA_STYLE_TARGETS)
     if not targets:
-        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(
             f"peft has no default LoRA target modules for model type {model_type!r}; pass `target_modules` "
             f"(names of the backbone's linear layers: {linear})."
