@@ -713,9 +713,10 @@ def support_matrix() -> str | None:
     lines += [f"{n}. {reason}." for reason, n in reasons.items()]
     lines += [
         "",
-        "\\* hybrid: memory in its attention layers, named explicitly (`memory_layers=[...]`; MELODI "
-        "`short_term_layers`, `long_term_layer`); default layers that include an SSM or convolution layer raise "
-        "a `ValueError` naming the attention layers.",
+        "\\* hybrid: memory in its attention layers only: each method's default layers are picked among them "
+        "(every one, the middle and last, 3/4 of the way up, ...); a layer without attention named in "
+        "`memory_layers` (MELODI: `short_term_layers`, `long_term_layer`) is a `ValueError` naming the attention "
+        "layers.",
     ]
     return "\n".join(lines)
 

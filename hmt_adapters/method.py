@@ -7,6 +7,7 @@ final hidden states back so the method can write its new state. Methods are pure
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -110,6 +111,13 @@ class MemoryMethod(nn.Module):
     def window_slots(self) -> int:
         """Extra positions a segment's window holds besides its `segment_length` tokens."""
         return 0
+
+    def default_layers(self, rule: Callable[[int], Iterable[int]]) -> tuple[int, ...]:
+        """The method's default memory layers: `rule(depth)` picks among the backbone's layers, or, in a hybrid
+        (Jamba, Qwen3.5, Granite 4.0, ...), among its attention layers, the only ones memory can join (the 4th of
+        them, not the 4th layer)."""
+        layers = self.backbone.attention_layers
+        return tuple(layers[i] for i in rule(len(layers)))
 
     def resolve_layers(self, field: str, layers) -> tuple[int, ...]:
         """`layers` sorted without repeats, or a `ValueError` naming `field` when one lies beyond the backbone's depth

@@ -150,12 +150,19 @@ def test_save_load_and_greedy_generation(method, family, tmp_path):
 
 
 @pytest.mark.parametrize("family", sorted(HYBRID_ATTENTION_LAYERS))
-@pytest.mark.parametrize("method", ["transformer_xl", "trams", "melodi"])  # default: every layer (the others: upper)
-def test_hybrids_take_attention_memory_only_in_their_attention_layers(method, family):
-    with pytest.raises(
-        ValueError, match=rf"must name attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"
-    ):
-        ha.wrap_with_memory(family_backbone(family), method, segment_length=SEGMENT, **METHOD_CASES[method])
+@pytest.mark.parametrize("method", ["transformer_xl", "memorizing_transformer", "elastic", "melodi", "infllm", "armt"])
+def test_hybrids_take_attention_memory_in_their_attention_layers_by_default_and_refuse_others(method, family):
+    """A method's default layers (every layer, the middle and last, 3/4 depth, ...) pick among a hybrid's attention
+    layers; a layer without attention named explicitly is a `ValueError` naming the attention layers."""
+    base = family_backbone(family)
+    model = ha.wrap_with_memory(base, method, segment_length=SEGMENT, **METHOD_CASES[method])
+    memory = model.memory
+    layers = {*getattr(memory, "layers", ()), *getattr(memory, "memory_layers", ())}
+    layers |= {*getattr(memory, "short_term_layers", ()), getattr(memory, "long_term_layer", None)} - {None}
+    assert layers == set(HYBRID_ATTENTION_LAYERS[family])
+    field = dict(short_term_layers=[0], long_term_layer=0) if method == "melodi" else dict(memory_layers=[0])
+    with pytest.raises(ValueError, match=rf"attention layers of this hybrid '{family}' backbone, \[1\]; got \[0"):
+        ha.wrap_with_memory(base, method, segment_length=SEGMENT, **METHOD_CASES[method], **field)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi", "qwen3_moe", "mamba2", "falcon_h1", "jamba"])

@@ -115,7 +115,7 @@ class ARMT(MemoryMethod):
 
     def __init__(self, config: ARMTConfig, backbone):
         super().__init__(config, backbone)
-        layers = range(backbone.num_layers) if config.memory_layers is None else config.memory_layers
+        layers = self.default_layers(range) if config.memory_layers is None else config.memory_layers
         self.memory_layers: tuple[int, ...] = self.resolve_layers("`memory_layers`", layers)
         d, k = backbone.config.hidden_size, config.key_size
         self.query, self.key, self.value = nn.ModuleDict(), nn.ModuleDict(), nn.ModuleDict()

@@ -75,7 +75,7 @@ class InfLLM(MemoryMethod):
     def __init__(self, config: InfLLMConfig, backbone):
         super().__init__(config, backbone)
         self.window, self.sinks, self.block = config.resolved(backbone.max_positions)
-        layers = range(backbone.num_layers) if config.memory_layers is None else config.memory_layers
+        layers = self.default_layers(range) if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
         # the layer ranking the matched blocks: `None`, the first memory layer (layer 0, or a hybrid's first attention)
         self.match_layer = self.layers[0] if config.match_layer is None else config.match_layer

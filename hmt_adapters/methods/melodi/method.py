@@ -101,9 +101,10 @@ class Melodi(MemoryMethod):
 
     def __init__(self, config: MelodiConfig, backbone):
         super().__init__(config, backbone)
-        n = backbone.num_layers
-        short = tuple(range(n)) if config.short_term_layers is None else config.short_term_layers
-        long = n // 2 if config.long_term_layer is None else config.long_term_layer
+        short = self.default_layers(range) if config.short_term_layers is None else config.short_term_layers
+        long = (
+            self.default_layers(lambda n: (n // 2,))[0] if config.long_term_layer is None else config.long_term_layer
+        )
         self.resolve_layers("`short_term_layers` and `long_term_layer`", (*short, long))
         short = self.resolve_layers("`short_term_layers`", short)
         self.short_term_layers: tuple[int, ...] = short if config.use_short_term else ()

@@ -31,8 +31,7 @@ class UniMem(MemoryMethod):
     def __init__(self, config: UniMemConfig, backbone):
         super().__init__(config, backbone)
         self.settings = config.settings()
-        n = backbone.num_layers
-        layers = self.settings.layers(n) if config.memory_layers is None else config.memory_layers
+        layers = self.default_layers(self.settings.layers) if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
         m = self.settings.memory_tokens
         self.tokens = RecurrentTokens(m, backbone.embed_dim) if m else None
