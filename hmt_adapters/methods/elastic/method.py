@@ -47,8 +47,8 @@ class ElasticMemory(MemoryMethod):
 
     def __init__(self, config: ElasticMemoryConfig, backbone):
         super().__init__(config, backbone)
-        first = self.default_layers(lambda n: (default_memory_layer(n),))
-        layers = first if config.memory_layers is None else config.memory_layers
+        three_quarters = self.default_layers(lambda n: (default_memory_layer(n),))
+        layers = three_quarters if config.memory_layers is None else config.memory_layers
         self.layers = self.resolve_layers("`memory_layers`", layers)
         self.hippo = HiPPOLegS(config.hippo_order, cache_bytes=config.matrix_cache_mb << 20)
 
