@@ -219,6 +219,16 @@ class BackboneAdapter:
         return list(self._layers)
 
     @functools.cached_property
+    def _layers_sharing_kv(self) -> frozenset[int]:
+        """The layers whose call takes `shared_kv_states`, where they keep keys and values for later layers (Gemma 4);
+        found once, not per `layer_kv` call (MELODI calls it every segment)."""
+        return frozenset(
+            i
+            for i, layer in enumerate(self.decoder_layers)
+            if "shared_kv_states" in inspect.signature(layer.forward).parameters
+        )
+
+    @functools.cached_property
     def _family_rope(self) -> fam.RopeFunction | None:
         """The family's own RoPE function where it is not Llama's half split (`family.own_rope`)."""
         return fam.own_rope(self.attention_module(self.attention_layers[0]))
@@ -411,7 +421,7 @@ class BackboneAdapter:
             kwargs["position_embeddings"] = self._position_embeddings(position_ids, hidden, layer)
         if self.takes_position_ids:
             kwargs["position_ids"] = position_ids
-        if "shared_kv_states" in inspect.signature(module.forward).parameters:
+        if layer in self._layers_sharing_kv:
             kwargs["shared_kv_states"] = {}  # where a layer stores its keys for later layers (Gemma 4), none reuse
         try:
             with fam.kept_memory_kwarg(self.attention_module(layer), MEMORY_KWARG, capture):

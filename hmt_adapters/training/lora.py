@@ -31,15 +31,15 @@ def lora_target_modules(model: nn.Module) -> list[str]:
     layers of those names."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type or "")
+    if targets:
+        return list(targets)
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
-    if not targets and set(LLAMA_STYLE_TARGETS) <= set(linear):
+    if set(LLAMA_STYLE_TARGETS) <= set(linear):
         return list(LLAMA_STYLE_TARGETS)
-    if not targets:
-        raise ValueError(
-            f"peft has no default LoRA target modules for model type {model_type!r}; pass `target_modules` "
-            f"(names of the backbone's linear layers: {linear})."
-        )
-    return list(targets)
+    raise ValueError(
+        f"peft has no default LoRA target modules for model type {model_type!r}; pass `target_modules` "
+        f"(names of the backbone's linear layers: {linear})."
+    )
 
 
 def add_lora(

@@ -47,8 +47,9 @@ class ElasticMemory(MemoryMethod):
 
     def __init__(self, config: ElasticMemoryConfig, backbone):
         super().__init__(config, backbone)
-        three_quarters = self.default_layers(lambda n: (default_memory_layer(n),))
-        layers = three_quarters if config.memory_layers is None else config.memory_layers
+        layers = config.memory_layers
+        if layers is None:  # the layer at 3/4 depth
+            layers = self.default_layers(lambda n: (default_memory_layer(n),))
         self.layers = self.resolve_layers("`memory_layers`", layers)
         self.hippo = HiPPOLegS(config.hippo_order, cache_bytes=config.matrix_cache_mb << 20)
 

@@ -243,10 +243,10 @@ class InfLLM(MemoryMethod):
         weights = last.to(query_pre.dtype)[:, None, :, None]
         mean_q = (query_pre * weights).sum(2) / weights.sum(2).clamp_min(1)  # [B, Hq, D]
         batch, heads, dim = mean_q.shape
-        kv = self.backbone.layer_kv_shape(layer)[0]
-        grouped = mean_q.float().view(batch, kv, heads // kv, dim).sum(2)  # [B, Hkv, D]: a kv head's queries summed
         device = query_pre.device
         keys = torch.cat([self._block_kv(state, layer, b, device, torch.float32)[0] for b in range(count)], dim=2)
+        kv = keys.shape[1]
+        grouped = mean_q.float().view(batch, kv, heads // kv, dim).sum(2)  # [B, Hkv, D]: a kv head's queries summed
         token = torch.einsum("bhd,bhnd->bn", grouped, keys)  # [B, N*size]
         valid = torch.cat([state[f"block.valid.{b}"] for b in range(count)], dim=1).to(device)
         token = token.masked_fill(~valid, float("-inf")).view(batch, count, size)
