@@ -512,14 +512,30 @@ def ppl(corpus: str) -> Callable[[], str | None]:
         for name, row in runs.items():
             lines.append(f"| `{name}` | " + " | ".join(f"{row['ppl'][c]['bin']:.2f}" for c in lengths) + " |")
         last = lengths[-1]
+        bins = last_bin_stretches(data, int(last))
+        paired = False
         for memory in (m for m in ("hmt", "armt") if m in runs):  # the trained memories against every other run
-            mine = runs[memory]["ppl"][last]["bin"]
-            deltas = [
-                f"{100 * (mine / row['ppl'][last]['bin'] - 1):+.1f}% against `{name}`"
-                for name, row in runs.items()
-                if name != memory
-            ]
+            deltas = []
+            for name, row in runs.items():
+                if name == memory:
+                    continue
+                delta = f"{100 * (runs[memory]['ppl'][last]['bin'] / row['ppl'][last]['bin'] - 1):+.1f}%"
+                if "per_document" in runs[memory] and "per_document" in row:  # both kept their NLLs: an interval
+                    from hmt_adapters.training import perplexity_ratio
+
+                    _, low, high = perplexity_ratio(
+                        bin_stretches(runs[memory]["per_document"], bins), bin_stretches(row["per_document"], bins)
+                    )
+                    delta += f" [{100 * (low - 1):+.1f}%, {100 * (high - 1):+.1f}%]"
+                    paired = True
+                deltas.append(f"{delta} against `{name}`")
             lines += ["", f"`{memory}` perplexity at C = {last}: " + ", ".join(deltas) + " (negative: it is better)."]
+        if paired:
+            lines += [
+                "",
+                "In brackets, where both runs kept their NLLs: a 95% bootstrap interval over stretches of "
+                f"{stretch_tokens(data)} tokens of the bin (paired: the same tokens; `perplexity_ratio`).",
+            ]
         return "\n".join(lines)
 
     return render
@@ -899,6 +915,19 @@ def scaling_table(data: dict) -> str | None:
     return "\n".join(lines)
 
 
+def stretch_tokens(data: dict) -> int | None:
+    """Targets per entry of the runs' `nll_blocks` (mean NLLs of equal stretches of a passage); None where no run
+    kept them (results from before `nll_blocks`)."""
+    kept = [r["per_document"][0]["nll_blocks"] for r in data["runs"].values() if "per_document" in r]
+    return data["documents"][0]["tokens"] // len(kept[0]) if kept else None
+
+
+def last_bin_stretches(data: dict, length: int) -> slice:
+    """Which of a run's `nll_blocks` cover the bin (length/2, length]."""
+    block = stretch_tokens(data) or 1
+    return slice(length // 2 // block, length // block)
+
+
 def bin_stretches(passages: list[dict], bins: slice) -> list[float]:
     """The mean NLLs of a bin's stretches (`nll_blocks[bins]`) of every passage in turn: two readers' lists pair."""
     return [x for p in passages for x in p["nll_blocks"][bins]]
@@ -919,8 +948,8 @@ def infllm_book_passages() -> str | None:
         runs, prov = data["runs"], data["provenance"]
         reference = runs["backbone_sliding_window"]["per_document"]
         length = max(int(c) for c in runs["backbone_sliding_window"]["ppl"])  # the last bin: (C/2, C]
-        block = data["documents"][0]["tokens"] // len(reference[0]["nll_blocks"])  # targets per stretch
-        bin_blocks = slice(length // 2 // block, length // block)
+        block = stretch_tokens(data)  # targets per stretch
+        bin_blocks = last_bin_stretches(data, length)
         added, labels = book_readers(data)
         title = data["documents"][0]["title"]
         starts = [p["start"] for p in reference]

@@ -3,6 +3,8 @@ reader and length lm-eval ran, and nowhere else; the perplexity tables compare e
 
 from __future__ import annotations
 
+import math
+
 import render_docs
 
 
@@ -70,3 +72,33 @@ def test_each_trained_memory_gets_its_perplexity_against_every_other_run(monkeyp
     assert "| `armt` | 39.00 | 27.00 |" in text
     assert "`hmt` perplexity at C = 2048: +10.0% against `baseline_sliding_window`, +22.2% against `armt`" in text
     assert "`armt` perplexity at C = 2048: -10.0% against `baseline_sliding_window`, -18.2% against `hmt`" in text
+
+
+def test_runs_that_kept_their_nlls_get_a_paired_interval(monkeypatch):
+    """Two runs with `nll_blocks` pair stretch by stretch over the last bin only: the interval brackets the ratio of
+    the bin's stretches (not of the whole passage), and a run without them gets the ratio alone."""
+
+    def run(before: float, bin_nlls: list[float], keep: bool = True) -> dict:
+        row = {"ppl": {"2048": {"bin": math.exp(sum(bin_nlls) / len(bin_nlls))}}}
+        if keep:
+            row["per_document"] = [{"nll_blocks": [before] * 4 + bin_nlls}]
+        return row
+
+    data = {
+        "documents": [{"title": "Persuasion", "tokens": 2048}],
+        "window": 288,
+        "stride": 64,
+        "provenance": {"git_commit": "0" * 40, "device": "cpu", "machine": "x86_64"},
+        "runs": {
+            "baseline_sliding_window": run(0.0, [3.0] * 4),
+            "armt": run(9.0, [2.9, 2.8, 2.9, 2.8]),  # 0.1-0.2 nats better in the bin, far worse before it
+            "baseline": run(0.0, [3.0] * 4, keep=False),
+        },
+    }
+    monkeypatch.setattr(render_docs, "load", lambda name: data if name == "ppl_vs_length_austen" else None)
+    text = render_docs.ppl("austen")()
+    line = next(x for x in text.splitlines() if x.startswith("`armt` perplexity"))
+    # the ratio exp(-0.15) - 1 = -13.9%; the bootstrap's extremes exp(-0.2) - 1 = -18.1% and exp(-0.1) - 1 = -9.5%
+    assert "-13.9% [-18.1%, -9.5%] against `baseline_sliding_window`" in line, line
+    assert "-13.9% against `baseline` (negative" in line, line
+    assert "stretches of 256 tokens" in text
