@@ -51,6 +51,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--test-documents", type=int, default=1, help="documents held out for evaluation")
     p.add_argument("--eval-tokens", type=int, default=8192, help="tokens read from each held-out document")
+    p.add_argument(
+        "--eval-steps",
+        type=int,
+        default=None,
+        help="also evaluate the held-out loss every N steps of each stage (default: at each stage's end only)",
+    )
     p.add_argument("--output", default="runs/hmt")
     p.add_argument("--method", default="hmt", choices=["hmt", "rmt", "armt"])
     p.add_argument(
@@ -105,6 +111,8 @@ def main() -> None:
     args = parse_args()
     if args.num_memory_tokens is not None and args.method != "rmt":
         raise ValueError(f"--num-memory-tokens sizes RMT's memory; --method {args.method} takes none (HMT: one).")
+    if args.eval_steps is not None and args.eval_steps < 1:
+        raise ValueError(f"--eval-steps must be a positive number of steps, got {args.eval_steps}.")
     if args.stage2_accumulation < 1 or args.batch_size % args.stage2_accumulation:
         raise ValueError(
             f"--stage2-accumulation must be a divisor of --batch-size {args.batch_size} (the micro-batch is their "
@@ -175,6 +183,8 @@ def main() -> None:
         use_cpu=not cuda,
         bf16=cuda and torch.cuda.is_bf16_supported(),
     )
+    if args.eval_steps is not None:  # a curve, not one number: a memory's training loss also falls on re-read text
+        training_args.update(eval_strategy="steps", eval_steps=args.eval_steps)
     model = train_stages(
         model,
         stages,
@@ -194,8 +204,18 @@ def main() -> None:
     for stage in stages:
         with open(os.path.join(args.output, stage.name, "trainer_state.json")) as fh:
             history = json.load(fh)["log_history"]
-        loss = next((h["eval_loss"] for h in reversed(history) if "eval_loss" in h), math.nan)
-        logger.info("%s: held-out loss %.4f, perplexity %.2f", stage.name, loss, math.exp(loss))
+        evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+        loss = evals[-1][1] if evals else math.nan
+        best_step, best = min(evals, key=lambda e: e[1], default=(0, math.nan))
+        logger.info(
+            "%s: held-out loss %.4f, perplexity %.2f (lowest %.4f, at step %d of %d evaluated)",
+            stage.name,
+            loss,
+            math.exp(loss),
+            best,
+            best_step,
+            len(evals),
+        )
     logger.info(
         "adapter: %s (load with MemoryModel.from_pretrained(base, path))", os.path.join(args.output, stages[-1].name)
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -181,3 +182,18 @@ def test_stage_two_in_micro_batches_trains_the_same_weights(tmp_path):
     )
     refused = run_example("python", tmp_path, "--batch-size", "2", "--stage2-accumulation", "3")
     assert refused.returncode != 0 and "--stage2-accumulation must be a divisor of --batch-size 2" in refused.stderr
+
+
+def test_eval_steps_log_a_held_out_curve_per_stage(tmp_path):
+    """`--eval-steps 1`: each stage evaluates the held-out loss after every step (a curve that shows a memory fitting
+    its training text, where a stage-end number does not), and the summary names the lowest; 0 is an error."""
+    run = run_example("python", tmp_path, "--stage1-steps", "2", "--eval-steps", "1")
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-4000:]
+    history = json.loads((tmp_path / "run" / "stage1" / "trainer_state.json").read_text())["log_history"]
+    assert sorted({h["step"] for h in history if "eval_loss" in h}) == [1, 2]
+    assert re.search(
+        r"stage1: held-out loss [\d.]+, perplexity [\d.]+ \(lowest [\d.]+, at step [12] of 2 evaluated\)", log
+    )
+    refused = run_example("python", tmp_path, "--eval-steps", "0")
+    assert refused.returncode != 0 and "--eval-steps must be a positive number of steps, got 0" in refused.stderr

@@ -213,7 +213,10 @@ def train_stages(
         if checkpoint is not None:
             logger.info("Stage '%s' continues from %s", stage.name, checkpoint)
         trainer.train(resume_from_checkpoint=checkpoint)
-        if evaluation is not None:
+        state = trainer.state
+        if evaluation is not None and not any(  # the last step's evaluation, unless `eval_steps` already ran it
+            h.get("step") == state.global_step and "eval_loss" in h for h in state.log_history
+        ):
             trainer.evaluate()
         trainer.save_model()
         trainer.save_state()
