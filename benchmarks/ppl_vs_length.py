@@ -12,6 +12,8 @@ model predicts text that far into a document. Runs:
 - `backbone_segmented`: the bare backbone on each segment alone (`model.disable_memory()`);
 - one run per adapter (`--adapters hmt=path rmt=path`), each on its own copy of the backbone (LoRA included); an
   adapter without memory (`rmt` with 0 memory tokens: a fine-tuned baseline) also runs with the sliding window;
+- `<adapter>_memory_disabled` with `--memory-disabled <adapter> ...`: that adapter's backbone (its LoRA included) on
+  each segment alone (`model.disable_memory()`), so what the trained memory itself adds pairs with an interval;
 - `infllm` with `--infllm [NAME=VALUE ...]`: the training-free block retrieval (docs/infllm.md) on a copy of the
   backbone, with those config fields (recorded under `--infllm-name`, default `infllm`).
 
@@ -85,6 +87,12 @@ def block_means(nll: torch.Tensor) -> list[float]:
     return [round(v, 5) for v in whole.nanmean(1).tolist()]
 
 
+def memory_disabled_nll(model: ha.MemoryModel, ids: torch.Tensor) -> torch.Tensor:
+    """`token_nll` of `model` with its memory disabled: its backbone (the adapter's LoRA too) on each segment alone."""
+    with model.disable_memory():
+        return token_nll(model, ids)
+
+
 def evaluate(runs: dict, documents, lengths: list[int]) -> dict:
     results = {}
     for name, fn in runs.items():
@@ -152,6 +160,13 @@ def main() -> None:
         help="also run the training-free `infllm` reader, with these config fields",
     )
     p.add_argument("--infllm-name", default="infllm", help="the name of the --infllm run in the results (a variant)")
+    p.add_argument(
+        "--memory-disabled",
+        nargs="*",
+        default=[],
+        metavar="ADAPTER",
+        help="also run these adapters (names from --adapters) with memory disabled: each segment alone",
+    )
     p.add_argument("--update", action="store_true", help="keep the runs of the existing results file, run the others")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--name", default=None, help="results file name (default ppl_vs_length_<corpus>)")
@@ -160,6 +175,9 @@ def main() -> None:
     base, tokenizer = smollm2()
     base = base.to(args.device).eval()
     adapters = dict(pair.split("=", 1) for pair in args.adapters)
+    unknown = [name for name in args.memory_disabled if name not in adapters]
+    if unknown:
+        p.error(f"--memory-disabled {' '.join(unknown)}: not among the --adapters names {sorted(adapters)}")
     models = {
         name: ha.MemoryModel.from_pretrained(copy.deepcopy(base), path).eval() for name, path in adapters.items()
     }
@@ -180,6 +198,8 @@ def main() -> None:
         runs[name] = lambda ids, m=model: token_nll(m, ids)
         if model.method == "rmt" and model.memory_config.num_memory_tokens == 0:
             runs[f"{name}_sliding_window"] = sliding(model.base_model)
+        if name in args.memory_disabled:
+            runs[f"{name}_memory_disabled"] = lambda ids, m=model: memory_disabled_nll(m, ids)
     if args.infllm is not None:
         infllm = ha.wrap_with_memory(copy.deepcopy(base), "infllm", **dict(args.infllm)).eval()
         runs[args.infllm_name] = lambda ids: token_nll(infllm, ids)
