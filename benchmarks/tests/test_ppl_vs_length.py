@@ -20,3 +20,16 @@ def test_memory_disabled_is_the_adapters_backbone_on_each_segment_alone():
     torch.testing.assert_close(disabled, token_nll(alone, ids))
     assert (disabled - with_memory).abs().max() > 1e-3  # with memory on, the segments read each other
     torch.testing.assert_close(token_nll(model, ids), with_memory)  # and it is on again afterwards
+
+
+def test_split_train_reads_a_training_novel_and_test_the_held_out_one():
+    """`--split train` reads the longest document the adapters were trained on, `test` (the default) the held-out
+    one: different books, each the passage asked for."""
+    from ppl_vs_length import held_out_documents
+    from tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    ((held_title, held_start, held),) = held_out_documents("austen", tokenizer, 64, 1, [0])
+    ((seen_title, seen_start, seen),) = held_out_documents("austen", tokenizer, 64, 1, [1], split="train")
+    assert held_title == "Persuasion" and held_start == 0 and held.numel() == 64
+    assert seen_title != held_title and seen_start == 64 and seen.numel() == 64
