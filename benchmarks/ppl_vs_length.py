@@ -56,6 +56,7 @@ from hmt_adapters.data import load_corpus, tokenize_documents  # noqa: E402
 from hmt_adapters.training import perplexity_by_length, sliding_window_nll, token_nll  # noqa: E402
 
 TEST_DOCUMENTS = {"austen": 1, "kjv": 7}  # the held-out split examples/train_hmt.py uses (same seed)
+SIDES = {"test": "held-out", "train": "trained-on"}  # --split: which side of that split is read
 
 
 BLOCK = 256  # targets per entry of a run's `nll_blocks`: enough to pair two runs' NLLs in a bootstrap, small to store
@@ -126,7 +127,7 @@ def plot(result: dict, path: Path) -> None:
         xscale="log",
         xlabel="position in the document (tokens, bin (C/2, C])",
         ylabel="perplexity",
-        title=f"SmolLM2-135M on held-out {result['corpus']}",
+        title=f"SmolLM2-135M on {SIDES[result.get('split', 'test')]} {result['corpus']}",
     )
     ax.legend()
     fig.tight_layout()
@@ -141,7 +142,7 @@ def main() -> None:
     p.add_argument(
         "--split",
         default="test",
-        choices=["test", "train"],
+        choices=sorted(SIDES),
         help="read the held-out documents (test) or those the adapters were trained on (train)",
     )
     p.add_argument("--max-length", type=int, default=32768)
@@ -194,7 +195,8 @@ def main() -> None:
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
     documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents, args.passages, args.split)
-    print(f"held-out {args.corpus}: " + ", ".join(f"{t} from {s} ({d.numel()} tokens)" for t, s, d in documents))
+    read = ", ".join(f"{t} from {s} ({d.numel()} tokens)" for t, s, d in documents)
+    print(f"{SIDES[args.split]} {args.corpus}: {read}")
 
     def sliding(causal_lm, sink_tokens: int = 0):
         return lambda ids: sliding_window_nll(causal_lm, ids, window, args.stride, sink_tokens)
