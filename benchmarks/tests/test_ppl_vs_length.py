@@ -1,5 +1,5 @@
 """benchmarks/ppl_vs_length.py: `--memory-disabled` reads an adapter's own backbone on each segment alone, so what
-its memory adds is measured against the same fine-tuned weights."""
+its memory adds is measured against the same fine-tuned weights; `--split train` reads a document trained on."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.training import token_nll
-from ppl_vs_length import memory_disabled_nll
-from tiny import tiny_backbone
+from ppl_vs_length import held_out_documents, memory_disabled_nll
+from tiny import tiny_backbone, tiny_tokenizer
 
 
 def test_memory_disabled_is_the_adapters_backbone_on_each_segment_alone():
@@ -25,9 +25,6 @@ def test_memory_disabled_is_the_adapters_backbone_on_each_segment_alone():
 def test_split_train_reads_a_training_novel_and_test_the_held_out_one():
     """`--split train` reads the longest document the adapters were trained on, `test` (the default) the held-out
     one: different books, each the passage asked for."""
-    from ppl_vs_length import held_out_documents
-    from tiny import tiny_tokenizer
-
     tokenizer = tiny_tokenizer()
     ((held_title, held_start, held),) = held_out_documents("austen", tokenizer, 64, 1, [0])
     ((seen_title, seen_start, seen),) = held_out_documents("austen", tokenizer, 64, 1, [1], split="train")
