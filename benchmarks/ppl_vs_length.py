@@ -62,11 +62,11 @@ SIDES = {"test": "held-out", "train": "trained-on"}  # --split: which side of th
 BLOCK = 256  # targets per entry of a run's `nll_blocks`: enough to pair two runs' NLLs in a bootstrap, small to store
 
 
-def held_out_documents(
+def corpus_passages(
     corpus: str, tokenizer, max_length: int, count: int, passages: list[int], split: str = "test"
 ) -> list[tuple[str, int, torch.Tensor]]:
-    """Passages of the `count` longest held-out documents (the training split's test side; `split="train"`: of the
-    documents the adapters were trained on, to compare a reader on seen and unseen text) as (title, first token,
+    """Passages of the `count` longest documents of one side of the training split (`"test"`: held out; `"train"`:
+    those the adapters were trained on, to compare a reader on seen and unseen text) as (title, first token,
     ids): passage k is tokens [k * max_length, (k + 1) * max_length). Passage 0 of a shorter document is the whole
     document; a later passage must be whole (an error otherwise, naming the passages the document has)."""
     docs = tokenize_documents(load_corpus(corpus, TEST_DOCUMENTS[corpus])[split], tokenizer)
@@ -194,7 +194,7 @@ def main() -> None:
     }
     reference = next(iter(models.values())).memory_config if models else ha.RMTConfig(segment_length=256)
     window = args.window or reference.segment_length + getattr(reference, "sensory_length", 0)
-    documents = held_out_documents(args.corpus, tokenizer, args.max_length, args.documents, args.passages, args.split)
+    documents = corpus_passages(args.corpus, tokenizer, args.max_length, args.documents, args.passages, args.split)
     read = ", ".join(f"{t} from {s} ({d.numel()} tokens)" for t, s, d in documents)
     print(f"{SIDES[args.split]} {args.corpus}: {read}")
 

@@ -496,6 +496,8 @@ def recall() -> str | None:
 
 def ppl(corpus: str) -> Callable[[], str | None]:
     def render() -> str | None:
+        from hmt_adapters.training import perplexity_ratio
+
         data = load(f"ppl_vs_length_{corpus}")
         if data is None:
             return None
@@ -512,7 +514,8 @@ def ppl(corpus: str) -> Callable[[], str | None]:
         for name, row in runs.items():
             lines.append(f"| `{name}` | " + " | ".join(f"{row['ppl'][c]['bin']:.2f}" for c in lengths) + " |")
         last = lengths[-1]
-        bins = last_bin_stretches(data, int(last))
+        block = stretch_tokens(data)  # None: no run kept its NLLs, so no interval
+        bins = last_bin_stretches(int(last), block) if block else None
         paired = False
         for memory in (m for m in ("hmt", "armt") if m in runs):  # the trained memories against every other run
             deltas = []
@@ -520,9 +523,7 @@ def ppl(corpus: str) -> Callable[[], str | None]:
                 if name == memory:
                     continue
                 delta = f"{100 * (runs[memory]['ppl'][last]['bin'] / row['ppl'][last]['bin'] - 1):+.1f}%"
-                if "per_document" in runs[memory] and "per_document" in row:  # both kept their NLLs: an interval
-                    from hmt_adapters.training import perplexity_ratio
-
+                if bins is not None and "per_document" in runs[memory] and "per_document" in row:  # both kept NLLs
                     _, low, high = perplexity_ratio(
                         bin_stretches(runs[memory]["per_document"], bins), bin_stretches(row["per_document"], bins)
                     )
@@ -534,7 +535,7 @@ def ppl(corpus: str) -> Callable[[], str | None]:
             lines += [
                 "",
                 "In brackets, where both runs kept their NLLs: a 95% bootstrap interval over stretches of "
-                f"{stretch_tokens(data)} tokens of the bin (paired: the same tokens; `perplexity_ratio`).",
+                f"{block} tokens of the bin (paired: the same tokens; `perplexity_ratio`).",
             ]
         return "\n".join(lines)
 
@@ -922,9 +923,8 @@ def stretch_tokens(data: dict) -> int | None:
     return data["documents"][0]["tokens"] // len(kept[0]) if kept else None
 
 
-def last_bin_stretches(data: dict, length: int) -> slice:
-    """Which of a run's `nll_blocks` cover the bin (length/2, length]."""
-    block = stretch_tokens(data) or 1
+def last_bin_stretches(length: int, block: int) -> slice:
+    """Which of a run's `nll_blocks` (stretches of `block` targets) cover the bin (length/2, length]."""
     return slice(length // 2 // block, length // block)
 
 
@@ -948,8 +948,8 @@ def infllm_book_passages() -> str | None:
         runs, prov = data["runs"], data["provenance"]
         reference = runs["backbone_sliding_window"]["per_document"]
         length = max(int(c) for c in runs["backbone_sliding_window"]["ppl"])  # the last bin: (C/2, C]
-        block = stretch_tokens(data)  # targets per stretch
-        bin_blocks = last_bin_stretches(data, length)
+        block = data["documents"][0]["tokens"] // len(reference[0]["nll_blocks"])  # targets per stretch
+        bin_blocks = last_bin_stretches(length, block)
         added, labels = book_readers(data)
         title = data["documents"][0]["title"]
         starts = [p["start"] for p in reference]

@@ -7,7 +7,7 @@ import torch
 
 import hmt_adapters as ha
 from hmt_adapters.training import token_nll
-from ppl_vs_length import held_out_documents, memory_disabled_nll
+from ppl_vs_length import corpus_passages, memory_disabled_nll
 from tiny import tiny_backbone, tiny_tokenizer
 
 
@@ -26,7 +26,7 @@ def test_split_train_reads_a_training_novel_and_test_the_held_out_one():
     """`--split train` reads the longest document the adapters were trained on, `test` (the default) the held-out
     one: different books, each the passage asked for."""
     tokenizer = tiny_tokenizer()
-    ((held_title, held_start, held),) = held_out_documents("austen", tokenizer, 64, 1, [0])
-    ((seen_title, seen_start, seen),) = held_out_documents("austen", tokenizer, 64, 1, [1], split="train")
+    ((held_title, held_start, held),) = corpus_passages("austen", tokenizer, 64, 1, [0])
+    ((seen_title, seen_start, seen),) = corpus_passages("austen", tokenizer, 64, 1, [1], split="train")
     assert held_title == "Persuasion" and held_start == 0 and held.numel() == 64
     assert seen_title != held_title and seen_start == 64 and seen.numel() == 64
